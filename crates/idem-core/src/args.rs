@@ -1,0 +1,318 @@
+//! Parsing and validation of command arguments (everything after the command
+//! name). Bad input becomes `Error::BadArg` / `Error::TooLarge` before any
+//! record is touched.
+
+use crate::{Error, Header};
+
+/// Limits taken from the module's configs at call time.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_ttl_secs: u64,
+    pub max_body_bytes: u64,
+    pub default_lease_ms: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Begin<'a> {
+    pub key: &'a [u8],
+    pub fingerprint: [u8; 32],
+    pub ttl_ms: u64,
+    pub lease_ms: u64,
+    /// `WAIT ms`: block up to this long instead of answering `in_flight`.
+    pub wait_ms: Option<u64>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Complete<'a> {
+    pub key: &'a [u8],
+    pub token: u64,
+    pub status: u16,
+    pub body: &'a [u8],
+    pub headers: Vec<Header>,
+    /// The response came from Postgres: store it already mirrored.
+    pub mirrored: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct KeyToken<'a> {
+    pub key: &'a [u8],
+    pub token: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Touch<'a> {
+    pub key: &'a [u8],
+    pub token: u64,
+    pub lease_ms: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Pull {
+    pub count: usize,
+    pub claim_ms: u64,
+    pub block_ms: Option<u64>,
+}
+
+/// Longest lease or wait accepted: a year, far beyond any sane value, and small
+/// enough that `now + lease` never overflows.
+const MAX_MS: u64 = 366 * 24 * 3600 * 1000;
+/// Most records one `IDEM.MIRROR.PULL` hands out.
+pub const MAX_PULL: usize = 10_000;
+
+fn arity(args: &[&[u8]], min: usize, usage: &str) -> Result<(), Error> {
+    if args.len() < min {
+        Err(Error::bad_arg(format!("wrong number of arguments, usage: {usage}")))
+    } else {
+        Ok(())
+    }
+}
+
+/// A strict unsigned decimal: digits only, no sign, no spaces.
+pub fn uint(arg: &[u8], what: &str) -> Result<u64, Error> {
+    let bad = || Error::bad_arg(format!("{what} must be a non-negative integer"));
+    if arg.is_empty() || arg.len() > 20 || !arg.iter().all(u8::is_ascii_digit) {
+        return Err(bad());
+    }
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(bad)
+}
+
+fn ranged(arg: &[u8], what: &str, min: u64, max: u64) -> Result<u64, Error> {
+    let v = uint(arg, what)?;
+    if v < min || v > max {
+        return Err(Error::bad_arg(format!("{what} must be between {min} and {max}")));
+    }
+    Ok(v)
+}
+
+/// A fencing token as issued: 1 ..= i64::MAX.
+pub fn token(arg: &[u8]) -> Result<u64, Error> {
+    ranged(arg, "token", 1, i64::MAX as u64)
+}
+
+fn option_value<'a>(args: &[&'a [u8]], i: usize, name: &str) -> Result<&'a [u8], Error> {
+    args.get(i + 1)
+        .copied()
+        .ok_or_else(|| Error::bad_arg(format!("{name} needs a value")))
+}
+
+/// `key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`
+pub fn begin<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Begin<'a>, Error> {
+    arity(args, 3, "IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms]")?;
+    let ttl = ranged(args[2], "ttl", 1, limits.max_ttl_secs)?;
+    let mut lease_ms = limits.default_lease_ms;
+    let mut wait_ms = None;
+    let mut i = 3;
+    while i < args.len() {
+        let value = |name| option_value(args, i, name);
+        if args[i].eq_ignore_ascii_case(b"LEASE") {
+            lease_ms = ranged(value("LEASE")?, "LEASE", 1, MAX_MS)?;
+        } else if args[i].eq_ignore_ascii_case(b"WAIT") {
+            wait_ms = Some(ranged(value("WAIT")?, "WAIT", 0, MAX_MS)?);
+        } else {
+            return Err(unknown_option(args[i]));
+        }
+        i += 2;
+    }
+    Ok(Begin {
+        key: args[0],
+        fingerprint: crate::fingerprint(args[1]),
+        ttl_ms: ttl * 1000,
+        lease_ms,
+        wait_ms,
+    })
+}
+
+/// `key token status body [HEADER name value]... [MIRRORED]`
+pub fn complete<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Complete<'a>, Error> {
+    arity(
+        args,
+        4,
+        "IDEM.COMPLETE key token status body [HEADER name value]... [MIRRORED]",
+    )?;
+    let token = token(args[1])?;
+    let status = ranged(args[2], "status", 100, 599)? as u16;
+    let body = args[3];
+    let mut headers = Vec::new();
+    let mut mirrored = false;
+    let mut i = 4;
+    while i < args.len() {
+        if args[i].eq_ignore_ascii_case(b"HEADER") {
+            let (Some(name), Some(value)) = (args.get(i + 1), args.get(i + 2)) else {
+                return Err(Error::bad_arg("HEADER needs a name and a value"));
+            };
+            if name.is_empty() {
+                return Err(Error::bad_arg("HEADER name must not be empty"));
+            }
+            headers.push(Header {
+                name: name.to_vec(),
+                value: value.to_vec(),
+            });
+            i += 3;
+        } else if args[i].eq_ignore_ascii_case(b"MIRRORED") {
+            mirrored = true;
+            i += 1;
+        } else {
+            return Err(unknown_option(args[i]));
+        }
+    }
+    let size = body.len() + headers.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>();
+    if size as u64 > limits.max_body_bytes {
+        return Err(Error::TooLarge {
+            len: size,
+            max: limits.max_body_bytes,
+        });
+    }
+    Ok(Complete {
+        key: args[0],
+        token,
+        status,
+        body,
+        headers,
+        mirrored,
+    })
+}
+
+/// `key token` (ABORT, MIRROR.ACK)
+pub fn key_token<'a>(args: &[&'a [u8]], usage: &str) -> Result<KeyToken<'a>, Error> {
+    if args.len() != 2 {
+        return Err(Error::bad_arg(format!("wrong number of arguments, usage: {usage}")));
+    }
+    Ok(KeyToken {
+        key: args[0],
+        token: token(args[1])?,
+    })
+}
+
+/// `key token lease-ms`
+pub fn touch<'a>(args: &[&'a [u8]]) -> Result<Touch<'a>, Error> {
+    if args.len() != 3 {
+        return Err(Error::bad_arg(
+            "wrong number of arguments, usage: IDEM.TOUCH key token lease-ms",
+        ));
+    }
+    Ok(Touch {
+        key: args[0],
+        token: token(args[1])?,
+        lease_ms: ranged(args[2], "lease-ms", 1, MAX_MS)?,
+    })
+}
+
+/// `count [CLAIM ms] [BLOCK ms]`
+pub fn pull(args: &[&[u8]], default_claim_ms: u64) -> Result<Pull, Error> {
+    arity(args, 1, "IDEM.MIRROR.PULL count [CLAIM ms] [BLOCK ms]")?;
+    let count = ranged(args[0], "count", 1, MAX_PULL as u64)? as usize;
+    let mut claim_ms = default_claim_ms;
+    let mut block_ms = None;
+    let mut i = 1;
+    while i < args.len() {
+        let value = |name| option_value(args, i, name);
+        if args[i].eq_ignore_ascii_case(b"CLAIM") {
+            claim_ms = ranged(value("CLAIM")?, "CLAIM", 1, MAX_MS)?;
+        } else if args[i].eq_ignore_ascii_case(b"BLOCK") {
+            block_ms = Some(ranged(value("BLOCK")?, "BLOCK", 0, MAX_MS)?);
+        } else {
+            return Err(unknown_option(args[i]));
+        }
+        i += 2;
+    }
+    Ok(Pull {
+        count,
+        claim_ms,
+        block_ms,
+    })
+}
+
+fn unknown_option(arg: &[u8]) -> Error {
+    Error::bad_arg(format!(
+        "unknown option '{}'",
+        String::from_utf8_lossy(&arg[..arg.len().min(64)])
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_ttl_secs: 100,
+        max_body_bytes: 10,
+        default_lease_ms: 500,
+    };
+
+    fn a(s: &str) -> Vec<&[u8]> {
+        s.split(' ').map(str::as_bytes).collect()
+    }
+
+    #[test]
+    fn begin_parses_options_in_any_order_and_case() {
+        let b = begin(&a("k fp 10 wait 7 LEASE 9"), &LIMITS).unwrap();
+        assert_eq!((b.ttl_ms, b.lease_ms, b.wait_ms), (10_000, 9, Some(7)));
+        assert_eq!(b.fingerprint, crate::fingerprint(b"fp"));
+        let b = begin(&a("k fp 1"), &LIMITS).unwrap();
+        assert_eq!((b.lease_ms, b.wait_ms), (500, None));
+    }
+
+    #[test]
+    fn begin_rejects_bad_input() {
+        for bad in [
+            "k fp",
+            "k fp 0",
+            "k fp 101",
+            "k fp -1",
+            "k fp 1.5",
+            "k fp +5",
+            "k fp 5 LEASE",
+            "k fp 5 LEASE 0",
+            "k fp 5 LEASE x",
+            "k fp 5 FOO 1",
+            "k fp 99999999999999999999999",
+        ] {
+            let e = begin(&a(bad), &LIMITS).unwrap_err();
+            assert_eq!(e.code(), "BADARG", "{bad}");
+        }
+    }
+
+    #[test]
+    fn complete_parses_headers_and_mirrored() {
+        let c = complete(&a("k 5 201 body HEADER a b MIRRORED header c d"), &LIMITS).unwrap();
+        assert_eq!(c.token, 5);
+        assert_eq!(c.status, 201);
+        assert!(c.mirrored);
+        assert_eq!(c.headers.len(), 2);
+        assert_eq!(c.headers[1].name, b"c");
+    }
+
+    #[test]
+    fn complete_rejects_bad_input() {
+        for bad in [
+            "k 5 99 b",
+            "k 5 600 b",
+            "k 0 200 b",
+            "k x 200 b",
+            "k 5 200 b HEADER a",
+            "k 5 200 b HEADER  v",
+            "k 5 200 b EXTRA",
+            "k 9223372036854775808 200 b",
+        ] {
+            assert_eq!(complete(&a(bad), &LIMITS).unwrap_err().code(), "BADARG", "{bad}");
+        }
+        let e = complete(&a("k 5 200 0123456789a"), &LIMITS).unwrap_err();
+        assert_eq!(e.code(), "TOOLARGE");
+        let e = complete(&a("k 5 200 0123456 HEADER ab cd"), &LIMITS).unwrap_err();
+        assert_eq!(e.code(), "TOOLARGE");
+    }
+
+    #[test]
+    fn pull_and_touch() {
+        let p = pull(&a("10 BLOCK 5 CLAIM 7"), 30_000).unwrap();
+        assert_eq!((p.count, p.claim_ms, p.block_ms), (10, 7, Some(5)));
+        assert!(pull(&a("0"), 1).is_err());
+        assert!(pull(&a("10001"), 1).is_err());
+        assert_eq!(touch(&a("k 3 100")).unwrap().lease_ms, 100);
+        assert!(touch(&a("k 3 0")).is_err());
+        assert!(key_token(&a("k 3 4"), "x").is_err());
+    }
+}

@@ -1,0 +1,127 @@
+//! The mirror's outbox index: completed records not yet acknowledged by the
+//! Postgres writer, in the order they become available to pull.
+//!
+//! It holds key names and tokens only; the body stays in the record. A pulled
+//! entry is claimed (hidden) until its claim lapses, so several writers can
+//! pull side by side and a writer that dies loses nothing.
+
+use std::collections::{BTreeSet, HashMap};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    token: u64,
+    completed_at: u64,
+    available_at: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct PendingIndex {
+    by_key: HashMap<Vec<u8>, Entry>,
+    /// (available_at, key): what the next pull hands out.
+    queue: BTreeSet<(u64, Vec<u8>)>,
+    /// (completed_at, key): for the age of the oldest pending record.
+    age: BTreeSet<(u64, Vec<u8>)>,
+}
+
+impl PendingIndex {
+    /// Adds or replaces the key's entry; it is available at once.
+    pub fn insert(&mut self, key: &[u8], token: u64, completed_at: u64) {
+        self.remove(key);
+        let e = Entry {
+            token,
+            completed_at,
+            available_at: 0,
+        };
+        self.queue.insert((0, key.to_vec()));
+        self.age.insert((completed_at, key.to_vec()));
+        self.by_key.insert(key.to_vec(), e);
+    }
+
+    pub fn remove(&mut self, key: &[u8]) -> bool {
+        let Some(e) = self.by_key.remove(key) else {
+            return false;
+        };
+        self.queue.remove(&(e.available_at, key.to_vec()));
+        self.age.remove(&(e.completed_at, key.to_vec()));
+        true
+    }
+
+    pub fn contains(&self, key: &[u8], token: u64) -> bool {
+        self.by_key.get(key).is_some_and(|e| e.token == token)
+    }
+
+    /// Claims up to `count` available entries until `now + claim_ms`;
+    /// returns their keys and tokens, oldest availability first.
+    pub fn claim(&mut self, now: u64, count: usize, claim_ms: u64) -> Vec<(Vec<u8>, u64)> {
+        let mut out = Vec::new();
+        while out.len() < count {
+            let Some(first) = self.queue.first() else { break };
+            if first.0 > now {
+                break;
+            }
+            let (_, key) = self.queue.pop_first().expect("non-empty");
+            let e = self.by_key.get_mut(&key).expect("index entries agree");
+            e.available_at = now.saturating_add(claim_ms);
+            self.queue.insert((e.available_at, key.clone()));
+            out.push((key, e.token));
+        }
+        out
+    }
+
+    /// When the next claimed entry becomes available again, if none is now.
+    pub fn next_available_at(&self) -> Option<u64> {
+        self.queue.first().map(|(at, _)| *at)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    pub fn oldest_completed_at(&self) -> Option<u64> {
+        self.age.first().map(|(at, _)| *at)
+    }
+
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_hide_entries_until_they_lapse() {
+        let mut p = PendingIndex::default();
+        p.insert(b"a", 1, 10);
+        p.insert(b"b", 2, 5);
+        assert_eq!(p.oldest_completed_at(), Some(5));
+        let first = p.claim(100, 1, 50);
+        assert_eq!(first.len(), 1);
+        let second = p.claim(100, 10, 50);
+        assert_eq!(second.len(), 1);
+        assert_ne!(first, second);
+        assert!(p.claim(149, 10, 50).is_empty());
+        assert_eq!(p.next_available_at(), Some(150));
+        assert_eq!(p.claim(150, 10, 50).len(), 2);
+        assert_eq!(p.len(), 2);
+    }
+
+    #[test]
+    fn reinsert_replaces_and_remove_forgets() {
+        let mut p = PendingIndex::default();
+        p.insert(b"a", 1, 10);
+        p.claim(0, 1, 1000);
+        p.insert(b"a", 2, 20); // newer version: available again
+        assert!(p.contains(b"a", 2) && !p.contains(b"a", 1));
+        assert_eq!(p.claim(0, 5, 10), vec![(b"a".to_vec(), 2)]);
+        assert!(p.remove(b"a"));
+        assert!(!p.remove(b"a"));
+        assert!(p.is_empty() && p.oldest_completed_at().is_none());
+        assert_eq!((p.queue.len(), p.age.len()), (0, 0));
+    }
+}

@@ -1,0 +1,304 @@
+//! Test harness shared by every crate's integration tests: a `redis-server`
+//! with the idem module loaded on a free port (killed on drop), and throwaway
+//! Postgres databases (dropped on drop). Never touches port 6379.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The built module: `$IDEM_MODULE`, else the newest of the workspace's
+/// `target/{release,debug}/libidem.so`.
+pub fn module_path() -> PathBuf {
+    if let Ok(p) = std::env::var("IDEM_MODULE") {
+        return PathBuf::from(p);
+    }
+    let root = workspace_root();
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    ["release", "debug"]
+        .iter()
+        .map(|p| target.join(p).join("libidem.so"))
+        .filter(|p| p.exists())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .expect("libidem.so not built: run `cargo build --release` (or set IDEM_MODULE)")
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("testkit sits two levels below the workspace root")
+        .to_path_buf()
+}
+
+/// A TCP port nobody listens on right now (never 6379).
+pub fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind an ephemeral port")
+            .port();
+        if port != 6379 {
+            return port;
+        }
+    }
+}
+
+/// A fresh scratch directory under the system temp dir, removed by the owner.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "idem-{tag}-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// Options for a `redis-server` with the module.
+#[derive(Debug, Clone, Default)]
+pub struct RedisConfig {
+    /// Module load arguments, e.g. `["lease-ms", "5000"]`.
+    pub module_args: Vec<String>,
+    /// Extra server options, e.g. `["--appendonly", "yes"]`.
+    pub server_args: Vec<String>,
+}
+
+impl RedisConfig {
+    pub fn module_arg(mut self, name: &str, value: &str) -> Self {
+        self.module_args.extend([name.to_string(), value.to_string()]);
+        self
+    }
+
+    pub fn server_arg(mut self, name: &str, value: &str) -> Self {
+        self.server_args.extend([format!("--{name}"), value.to_string()]);
+        self
+    }
+
+    /// AOF on with `appendfsync always`.
+    pub fn aof_always(self) -> Self {
+        self.server_arg("appendonly", "yes")
+            .server_arg("appendfsync", "always")
+    }
+
+    pub fn start(self) -> RedisServer {
+        RedisServer::start_with(self)
+    }
+}
+
+/// A running `redis-server --loadmodule libidem.so`; killed and its
+/// directory removed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    pub dir: PathBuf,
+    config: RedisConfig,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Default configuration: no persistence.
+    pub fn start() -> Self {
+        RedisConfig::default().start()
+    }
+
+    pub fn start_with(config: RedisConfig) -> Self {
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: scratch_dir("redis"),
+            config,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "server already running");
+        let mut cmd = Command::new("redis-server");
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(self.dir.join("redis.log"))
+            .args(["--enable-debug-command", "yes"])
+            .args(&self.config.server_args)
+            .arg("--loadmodule")
+            .arg(module_path())
+            .args(&self.config.module_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.child = Some(cmd.spawn().expect("spawn redis-server (is it installed?)"));
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("redis-server exited ({status}); log:\n{}", self.log());
+            }
+            if let Ok(mut c) = self.client().get_connection() {
+                let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
+                if pong.is_ok() {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "redis-server not ready:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("redis url")
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        self.client().get_connection().expect("connect to redis-server")
+    }
+
+    pub async fn async_conn(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to redis-server")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL: no shutdown save, as in a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `SHUTDOWN` with the server's own persistence settings, then wait.
+    pub fn shutdown(&mut self) {
+        if let Ok(mut c) = self.client().get_connection() {
+            let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut c);
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+
+    /// Start again on the same port and directory (persistence tests).
+    pub fn restart(&mut self) {
+        self.spawn();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The Postgres server tests use: `$DATABASE_URL`, else the local one.
+pub fn postgres_base_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string())
+}
+
+/// A database created for one test and dropped (with its connections) on drop.
+pub struct PgDatabase {
+    pub name: String,
+    pub url: String,
+    admin_url: String,
+}
+
+impl PgDatabase {
+    pub fn create() -> Self {
+        let admin_url = postgres_base_url();
+        let name = format!("idem_test_{:016x}", rand::random::<u64>());
+        let url = with_database(&admin_url, &name);
+        admin_sql(&admin_url, &format!("CREATE DATABASE {name}"));
+        PgDatabase {
+            name,
+            url,
+            admin_url,
+        }
+    }
+
+    /// Connects (for use inside a tokio runtime).
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        connect(&self.url).await
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        admin_sql(
+            &self.admin_url,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+    }
+}
+
+/// `url` with its database name replaced by `db`.
+pub fn with_database(url: &str, db: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((u, q)) => (u, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let authority = url.find("://").map_or(0, |i| i + 3);
+    let path = url[authority..].find('/').map_or(url.len(), |i| authority + i);
+    format!("{}/{db}{query}", &url[..path])
+}
+
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// Runs one statement on its own thread and runtime, so it works from sync
+/// code, from `Drop`, and from inside an async test alike.
+fn admin_sql(url: &str, sql: &str) {
+    let (url, sql) = (url.to_string(), sql.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let client = connect(&url).await;
+            client
+                .batch_execute(&sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        })
+    })
+    .join()
+    .expect("admin statement thread");
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
+}
