@@ -1,1 +1,76 @@
-//! placeholder
+//! The idem Redis module: atomic four-outcome idempotency keys.
+//!
+//! This crate is the FFI layer only: it registers the commands, the data
+//! type, configs and INFO, and translates between Redis and `idem-core`,
+//! where the decisions and the encoding live.
+
+use redis_module::{configuration::ConfigurationFlags, redis_module, Context, RedisString, Status};
+
+mod boundary;
+mod commands;
+mod config;
+mod datatype;
+mod effects;
+mod keyspace;
+mod mirror;
+mod stats;
+mod waiters;
+
+use std::sync::{Mutex, MutexGuard};
+
+use idem_core::token::TokenClock;
+
+use config::{LEASE_MS, MAX_BODY_BYTES, MAX_TTL, MIRROR_CLAIM_MS};
+use datatype::IDEM_TYPE;
+
+/// Module state touched only on Redis' main thread; the mutex is uncontended
+/// and a poisoned lock (a caught panic) is still usable.
+pub struct Shared<T>(Mutex<T>);
+
+impl<T> Shared<T> {
+    pub const fn new(value: T) -> Self {
+        Shared(Mutex::new(value))
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Issues fencing tokens on this node.
+pub static TOKENS: Shared<TokenClock> = Shared::new(TokenClock::new());
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    stats::register_info(ctx);
+    match commands::register(ctx).and_then(|()| mirror::subscribe(ctx)) {
+        Ok(()) => Status::Ok,
+        Err(e) => {
+            ctx.log_warning(&format!("idem: {e}"));
+            Status::Err
+        }
+    }
+}
+
+redis_module! {
+    name: "idem",
+    version: 1,
+    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    data_types: [IDEM_TYPE],
+    init: init,
+    commands: [],
+    configurations: [
+        i64: [
+            ["lease-ms", &LEASE_MS, 30_000, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
+            ["max-ttl", &MAX_TTL, 2_592_000, 1, config::MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
+            ["max-body-bytes", &MAX_BODY_BYTES, 1_048_576, 0, 536_870_912, ConfigurationFlags::DEFAULT, None],
+            ["mirror-claim-ms", &MIRROR_CLAIM_MS, 30_000, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
+        ],
+        string: [],
+        bool: [],
+        enum: [],
+        module_args_as_configuration: true,
+    ]
+}

@@ -61,7 +61,9 @@ pub const MAX_PULL: usize = 10_000;
 
 fn arity(args: &[&[u8]], min: usize, usage: &str) -> Result<(), Error> {
     if args.len() < min {
-        Err(Error::bad_arg(format!("wrong number of arguments, usage: {usage}")))
+        Err(Error::bad_arg(format!(
+            "wrong number of arguments, usage: {usage}"
+        )))
     } else {
         Ok(())
     }
@@ -82,7 +84,9 @@ pub fn uint(arg: &[u8], what: &str) -> Result<u64, Error> {
 fn ranged(arg: &[u8], what: &str, min: u64, max: u64) -> Result<u64, Error> {
     let v = uint(arg, what)?;
     if v < min || v > max {
-        return Err(Error::bad_arg(format!("{what} must be between {min} and {max}")));
+        return Err(Error::bad_arg(format!(
+            "{what} must be between {min} and {max}"
+        )));
     }
     Ok(v)
 }
@@ -100,7 +104,11 @@ fn option_value<'a>(args: &[&'a [u8]], i: usize, name: &str) -> Result<&'a [u8],
 
 /// `key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`
 pub fn begin<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Begin<'a>, Error> {
-    arity(args, 3, "IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms]")?;
+    arity(
+        args,
+        3,
+        "IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms]",
+    )?;
     let ttl = ranged(args[2], "ttl", 1, limits.max_ttl_secs)?;
     let mut lease_ms = limits.default_lease_ms;
     let mut wait_ms = None;
@@ -158,7 +166,11 @@ pub fn complete<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Complete<'a>, 
             return Err(unknown_option(args[i]));
         }
     }
-    let size = body.len() + headers.iter().map(|h| h.name.len() + h.value.len()).sum::<usize>();
+    let size = body.len()
+        + headers
+            .iter()
+            .map(|h| h.name.len() + h.value.len())
+            .sum::<usize>();
     if size as u64 > limits.max_body_bytes {
         return Err(Error::TooLarge {
             len: size,
@@ -178,7 +190,9 @@ pub fn complete<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Complete<'a>, 
 /// `key token` (ABORT, MIRROR.ACK)
 pub fn key_token<'a>(args: &[&'a [u8]], usage: &str) -> Result<KeyToken<'a>, Error> {
     if args.len() != 2 {
-        return Err(Error::bad_arg(format!("wrong number of arguments, usage: {usage}")));
+        return Err(Error::bad_arg(format!(
+            "wrong number of arguments, usage: {usage}"
+        )));
     }
     Ok(KeyToken {
         key: args[0],
@@ -297,7 +311,11 @@ mod tests {
             "k 5 200 b EXTRA",
             "k 9223372036854775808 200 b",
         ] {
-            assert_eq!(complete(&a(bad), &LIMITS).unwrap_err().code(), "BADARG", "{bad}");
+            assert_eq!(
+                complete(&a(bad), &LIMITS).unwrap_err().code(),
+                "BADARG",
+                "{bad}"
+            );
         }
         let e = complete(&a("k 5 200 0123456789a"), &LIMITS).unwrap_err();
         assert_eq!(e.code(), "TOOLARGE");

@@ -67,15 +67,22 @@ mod tests {
             any::<u64>().prop_map(|lease_until| State::InProgress { lease_until }),
             completed,
         ];
-        (any::<[u8; 32]>(), any::<u64>(), any::<u64>(), any::<u64>(), state).prop_map(
-            |(fingerprint, token, created_at, expires_at, state)| Record {
-                fingerprint,
-                token,
-                created_at,
-                expires_at,
-                state,
-            },
+        (
+            any::<[u8; 32]>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            state,
         )
+            .prop_map(
+                |(fingerprint, token, created_at, expires_at, state)| Record {
+                    fingerprint,
+                    token,
+                    created_at,
+                    expires_at,
+                    state,
+                },
+            )
     }
 
     proptest! {

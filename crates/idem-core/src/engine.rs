@@ -14,8 +14,12 @@ pub enum Begin<'r> {
     /// No record: store this new in-progress record.
     Created(Record),
     /// The lease had lapsed: the record in place now belongs to `token`.
-    TakenOver { token: u64 },
-    InFlight { retry_after_ms: u64 },
+    TakenOver {
+        token: u64,
+    },
+    InFlight {
+        retry_after_ms: u64,
+    },
     Replay(&'r Completed),
     Mismatch,
 }
@@ -157,16 +161,24 @@ mod tests {
         assert_eq!(r.state, State::InProgress { lease_until: 1010 });
         assert_eq!(
             begin(Some(&mut r), &req(b"a", 1000), 400, &mut t),
-            Begin::InFlight { retry_after_ms: 610 }
+            Begin::InFlight {
+                retry_after_ms: 610
+            }
         );
-        assert_eq!(begin(Some(&mut r), &req(b"b", 1000), 400, &mut t), Begin::Mismatch);
+        assert_eq!(
+            begin(Some(&mut r), &req(b"b", 1000), 400, &mut t),
+            Begin::Mismatch
+        );
         let token = r.token;
         complete(Some(&mut r), done(token), 500).unwrap();
         match begin(Some(&mut r), &req(b"a", 1000), 600, &mut t) {
             Begin::Replay(c) => assert_eq!((c.status, c.completed_at), (201, 500)),
             other => panic!("{other:?}"),
         }
-        assert_eq!(begin(Some(&mut r), &req(b"b", 1000), 600, &mut t), Begin::Mismatch);
+        assert_eq!(
+            begin(Some(&mut r), &req(b"b", 1000), 600, &mut t),
+            Begin::Mismatch
+        );
     }
 
     #[test]
@@ -184,7 +196,10 @@ mod tests {
         assert!(!may_abort(Some(&r), old));
         assert!(may_abort(Some(&r), token));
         complete(Some(&mut r), done(token), 5000).unwrap(); // lapsed lease, still holder
-        assert_eq!(complete(Some(&mut r), done(token), 5001), Err(Error::Completed));
+        assert_eq!(
+            complete(Some(&mut r), done(token), 5001),
+            Err(Error::Completed)
+        );
         assert_eq!(complete(None, done(token), 5001), Err(Error::NotFound));
     }
 

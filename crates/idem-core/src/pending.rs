@@ -55,7 +55,9 @@ impl PendingIndex {
     pub fn claim(&mut self, now: u64, count: usize, claim_ms: u64) -> Vec<(Vec<u8>, u64)> {
         let mut out = Vec::new();
         while out.len() < count {
-            let Some(first) = self.queue.first() else { break };
+            let Some(first) = self.queue.first() else {
+                break;
+            };
             if first.0 > now {
                 break;
             }

@@ -18,7 +18,9 @@ pub struct Record {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum State {
     /// A holder is running the business logic until `lease_until`.
-    InProgress { lease_until: u64 },
+    InProgress {
+        lease_until: u64,
+    },
     Completed(Completed),
 }
 

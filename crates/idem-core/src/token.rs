@@ -12,6 +12,10 @@ pub struct TokenClock {
 }
 
 impl TokenClock {
+    pub const fn new() -> Self {
+        TokenClock { last: 0 }
+    }
+
     /// The next token, strictly larger than every token issued or observed.
     pub fn next(&mut self, now_ms: u64) -> u64 {
         let t = self.last.saturating_add(1).max(now_ms.saturating_mul(1000));

@@ -1,0 +1,57 @@
+//! Deterministic replication: the primary decides, then propagates the
+//! resulting record (with absolute times) as `IDEM._PUT key blob`, or a
+//! `DEL`. Replicas and AOF replay apply effects without deciding anything.
+
+use std::ffi::c_char;
+
+use idem_core::{codec, Error, Record};
+use redis_module::raw;
+
+use crate::boundary::Call;
+use crate::keyspace::Key;
+use crate::{mirror, TOKENS};
+
+/// Propagates `record` as the new value of `key` to replicas and the AOF.
+pub fn replicate_put(
+    ctx: *mut raw::RedisModuleCtx,
+    key: *mut raw::RedisModuleString,
+    record: &Record,
+) {
+    let blob = codec::encode(record);
+    unsafe {
+        raw::RedisModule_Replicate.expect("Replicate")(
+            ctx,
+            c"IDEM._PUT".as_ptr(),
+            c"sb".as_ptr(),
+            key,
+            blob.as_ptr().cast::<c_char>(),
+            blob.len(),
+        )
+    };
+}
+
+/// Propagates the deletion of `key`.
+pub fn replicate_del(ctx: *mut raw::RedisModuleCtx, key: *mut raw::RedisModuleString) {
+    unsafe {
+        raw::RedisModule_Replicate.expect("Replicate")(ctx, c"DEL".as_ptr(), c"s".as_ptr(), key)
+    };
+}
+
+/// `IDEM._PUT key blob`: internal; stores a record decided elsewhere (by the
+/// primary, or in an AOF). Like RESTORE, it trusts the blob after decoding.
+pub fn put(call: &Call) -> Result<(), Error> {
+    let [_, blob] = call.args[..] else {
+        return Err(Error::bad_arg(
+            "wrong number of arguments, usage: IDEM._PUT key blob",
+        ));
+    };
+    let record = codec::decode(blob)?;
+    let key = Key::open(call.ctx, call.raw_arg(0));
+    key.record()?; // refuse to overwrite another type
+    TOKENS.lock().observe(record.token);
+    mirror::track(call.db(), call.args[0], &record);
+    key.store(record);
+    unsafe { raw::RedisModule_ReplicateVerbatim.expect("ReplicateVerbatim")(call.ctx) };
+    call.reply().simple(c"OK");
+    Ok(())
+}
