@@ -1,0 +1,58 @@
+# Shared by scripts/*.sh: installing what a fresh Debian machine lacks, and a
+# throwaway PostgreSQL cluster. Source it; it defines functions only.
+
+# ensure_packages CMD:PACKAGE... installs each PACKAGE whose CMD (a command or
+# an absolute path) is missing, with one `apt-get update` before the first.
+ensure_packages() {
+  local missing=() pair cmd pkg
+  for pair in "$@"; do
+    cmd=${pair%%:*}; pkg=${pair#*:}
+    if [[ $cmd == /* ]]; then [[ -e $cmd ]] && continue; else command -v "$cmd" >/dev/null 2>&1 && continue; fi
+    missing+=("$pkg")
+  done
+  ((${#missing[@]})) || return 0
+  echo "==> installing ${missing[*]}"
+  local sudo=""; [[ $(id -u) -eq 0 ]] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# The packages every script needs: Redis, the PostgreSQL server binaries
+# (for throwaway clusters), libclang (the module's bindgen build), a C compiler.
+ensure_base_packages() {
+  ensure_packages redis-server:redis-server redis-cli:redis-tools redis-benchmark:redis-tools \
+    psql:postgresql-client "$(pg_bindir)/initdb:postgresql" gcc:build-essential \
+    /usr/lib/llvm-14/lib/libclang.so:libclang-dev
+}
+
+pg_bindir() {
+  local d
+  d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)
+  echo "${d:-/usr/lib/postgresql/15/bin}"
+}
+
+# start_throwaway_postgres DIR PORT: initdb (once) and start a trust-auth
+# cluster in DIR on 127.0.0.1:PORT, owned by the postgres user.
+start_throwaway_postgres() {
+  local dir=$1 port=$2 bin run=()
+  bin=$(pg_bindir)
+  [[ $(id -u) -eq 0 ]] && run=(runuser -u postgres --)
+  mkdir -p "$dir"
+  [[ $(id -u) -eq 0 ]] && chown postgres "$dir"
+  if [[ ! -f $dir/PG_VERSION ]]; then
+    "${run[@]}" "$bin/initdb" -D "$dir" -U postgres --auth=trust >/dev/null
+  fi
+  "${run[@]}" "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w \
+    -o "-p $port -c listen_addresses=127.0.0.1 -k $dir" start >/dev/null
+}
+
+stop_throwaway_postgres() {
+  local dir=$1 run=()
+  [[ $(id -u) -eq 0 ]] && run=(runuser -u postgres --)
+  "${run[@]}" "$(pg_bindir)/pg_ctl" -D "$dir" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+# port_open PORT: true when something listens on 127.0.0.1:PORT.
+port_open() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
