@@ -2,6 +2,8 @@
 //! with the idem module loaded on a free port (killed on drop), and throwaway
 //! Postgres databases (dropped on drop). Never touches port 6379.
 
+pub mod postgres_server;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -68,12 +70,14 @@ pub struct RedisConfig {
 
 impl RedisConfig {
     pub fn module_arg(mut self, name: &str, value: &str) -> Self {
-        self.module_args.extend([name.to_string(), value.to_string()]);
+        self.module_args
+            .extend([name.to_string(), value.to_string()]);
         self
     }
 
     pub fn server_arg(mut self, name: &str, value: &str) -> Self {
-        self.server_args.extend([format!("--{name}"), value.to_string()]);
+        self.server_args
+            .extend([format!("--{name}"), value.to_string()]);
         self
     }
 
@@ -125,6 +129,7 @@ impl RedisServer {
             .arg("--logfile")
             .arg(self.dir.join("redis.log"))
             .args(["--enable-debug-command", "yes"])
+            .args(["--repl-diskless-sync-delay", "0"])
             .args(&self.config.server_args)
             .arg("--loadmodule")
             .arg(module_path())
@@ -138,7 +143,11 @@ impl RedisServer {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("redis-server exited ({status}); log:\n{}", self.log());
             }
             if let Ok(mut c) = self.client().get_connection() {
@@ -147,7 +156,11 @@ impl RedisServer {
                     return;
                 }
             }
-            assert!(Instant::now() < deadline, "redis-server not ready:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "redis-server not ready:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -161,7 +174,9 @@ impl RedisServer {
     }
 
     pub fn conn(&self) -> redis::Connection {
-        self.client().get_connection().expect("connect to redis-server")
+        self.client()
+            .get_connection()
+            .expect("connect to redis-server")
     }
 
     pub async fn async_conn(&self) -> redis::aio::MultiplexedConnection {
@@ -258,7 +273,9 @@ pub fn with_database(url: &str, db: &str) -> String {
         None => (url, String::new()),
     };
     let authority = url.find("://").map_or(0, |i| i + 3);
-    let path = url[authority..].find('/').map_or(url.len(), |i| authority + i);
+    let path = url[authority..]
+        .find('/')
+        .map_or(url.len(), |i| authority + i);
     format!("{}/{db}{query}", &url[..path])
 }
 

@@ -1,1 +1,172 @@
-fn main() {}
+//! The `idem-writer` command: `run` the mirror, `migrate` the schema, or
+//! `cleanup` expired rows.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use idem_writer::duration::parse_duration;
+use idem_writer::WriterConfig;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "idem-writer",
+    version,
+    about = "Mirrors completed idem records from Redis into Postgres"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply the migrations, then mirror every Redis primary until SIGTERM/SIGINT.
+    Run(RunArgs),
+    /// Apply the migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Delete expired rows: once with --once (printing how many), else on a schedule.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Args)]
+struct DatabaseArgs {
+    /// Postgres URL, e.g. postgres://user@host:5432/db.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// A Redis primary to mirror (repeat for each primary; REDIS_URL may hold a comma-separated list).
+    #[arg(
+        long = "redis",
+        env = "REDIS_URL",
+        required = true,
+        value_delimiter = ','
+    )]
+    redis_urls: Vec<String>,
+    #[command(flatten)]
+    database: DatabaseArgs,
+    /// Records per pull and per upsert (1..=10000).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    batch_size: u32,
+    /// How long a pulled record stays claimed by this writer (ms).
+    #[arg(long, default_value_t = 30_000)]
+    claim_ms: u64,
+    /// How long a pull waits when nothing is pending (ms).
+    #[arg(long, default_value_t = 1_000)]
+    block_ms: u64,
+    /// How often expired rows are deleted (e.g. 24h, 30m, 30s).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    cleanup_interval: Duration,
+    /// Do not run the cleanup job in this process.
+    #[arg(long)]
+    no_cleanup: bool,
+    /// Rows deleted per cleanup transaction.
+    #[arg(long, default_value_t = 1000)]
+    cleanup_batch_size: u32,
+    /// Serve /metrics and /healthz here (e.g. 127.0.0.1:9187).
+    #[arg(long, env = "METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// How often INFO idem is read for the pending gauges (e.g. 5s).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    info_interval: Duration,
+    /// After SIGTERM, how long the batch in hand may still be retried.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+}
+
+#[derive(Args)]
+struct CleanupArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+    /// One pass, print the number of rows removed, exit.
+    #[arg(long)]
+    once: bool,
+    /// Rows deleted per transaction.
+    #[arg(long, default_value_t = 1000)]
+    batch_size: u32,
+    /// Schedule without --once.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    interval: Duration,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    // Installed before any work, so a SIGTERM at any moment takes the
+    // graceful path instead of killing the process.
+    let shutdown = shutdown_signal()?;
+    match cli.command {
+        Command::Run(args) => idem_writer::run(writer_config(args), shutdown).await,
+        Command::Migrate { database } => {
+            let mut client = idem_writer::connect(&database.database_url).await?;
+            idem_writer::migrate(&mut client).await?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Cleanup(args) if args.once => {
+            let removed =
+                idem_writer::cleanup_once(&args.database.database_url, args.batch_size).await?;
+            println!("removed {removed} expired rows");
+            Ok(())
+        }
+        Command::Cleanup(args) => cleanup_forever(args, shutdown).await,
+    }
+}
+
+fn writer_config(args: RunArgs) -> WriterConfig {
+    let mut config = WriterConfig::new(args.redis_urls, args.database.database_url);
+    config.batch_size = args.batch_size;
+    config.claim = Duration::from_millis(args.claim_ms);
+    config.block = Duration::from_millis(args.block_ms);
+    config.cleanup_interval = (!args.no_cleanup).then_some(args.cleanup_interval);
+    config.cleanup_batch_size = args.cleanup_batch_size;
+    config.metrics_addr = args.metrics_addr;
+    config.info_interval = args.info_interval;
+    config.shutdown_grace = args.shutdown_grace;
+    config
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send> {
+    let mut terminate = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
+        }
+    })
+}
+
+/// `cleanup` without `--once`: a pass every interval until a signal.
+async fn cleanup_forever(
+    args: CleanupArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    tokio::pin!(shutdown);
+    loop {
+        match idem_writer::cleanup_once(&args.database.database_url, args.batch_size).await {
+            Ok(removed) => tracing::info!(removed, "cleanup removed expired rows"),
+            Err(error) => tracing::warn!(error = format!("{error:#}"), "cleanup failed"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(args.interval) => {}
+            () = &mut shutdown => return Ok(()),
+        }
+    }
+}

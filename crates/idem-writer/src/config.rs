@@ -1,0 +1,84 @@
+//! The writer's settings, with defaults suited to production.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything `run` needs. Build with [`WriterConfig::new`] and adjust the
+/// public fields.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// One URL per Redis primary (the database number in the URL selects
+    /// the database the pull serves).
+    pub redis_urls: Vec<String>,
+    pub database_url: String,
+    /// Records per `IDEM.MIRROR.PULL` (1..=10000), hence per upsert.
+    pub batch_size: u32,
+    /// How long a pulled record stays claimed by this writer.
+    pub claim: Duration,
+    /// How long a pull waits when nothing is pending.
+    pub block: Duration,
+    /// How often expired rows are deleted; `None` disables the job.
+    pub cleanup_interval: Option<Duration>,
+    /// Rows deleted per cleanup transaction.
+    pub cleanup_batch_size: u32,
+    /// Where `/metrics` and `/healthz` are served; `None` serves nothing.
+    pub metrics_addr: Option<SocketAddr>,
+    /// How often `INFO idem` is read from each node for the pending gauges.
+    pub info_interval: Duration,
+    /// First and largest delay between retries against a failing server.
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
+    /// Longest wait for one Postgres upsert before the connection is dropped
+    /// and the batch retried.
+    pub statement_timeout: Duration,
+    /// After shutdown is requested, how long the batch in hand may still be
+    /// retried (commit and acknowledge) before the writer gives up on it;
+    /// given-up records stay pending in Redis and are mirrored later.
+    pub shutdown_grace: Duration,
+}
+
+impl WriterConfig {
+    pub fn new(redis_urls: Vec<String>, database_url: impl Into<String>) -> Self {
+        WriterConfig {
+            redis_urls,
+            database_url: database_url.into(),
+            batch_size: 1000,
+            claim: Duration::from_secs(30),
+            block: Duration::from_secs(1),
+            cleanup_interval: Some(Duration::from_secs(24 * 60 * 60)),
+            cleanup_batch_size: 1000,
+            metrics_addr: None,
+            info_interval: Duration::from_secs(5),
+            retry_initial: Duration::from_millis(50),
+            retry_max: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+
+    /// Rejects settings the module or the loop cannot work with.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !self.redis_urls.is_empty(),
+            "at least one Redis URL is needed"
+        );
+        anyhow::ensure!(
+            (1..=10_000).contains(&self.batch_size),
+            "batch size must be 1..=10000"
+        );
+        anyhow::ensure!(!self.claim.is_zero(), "the claim must be positive");
+        anyhow::ensure!(
+            self.block < self.claim,
+            "the pull's block time must be shorter than the claim"
+        );
+        anyhow::ensure!(
+            self.cleanup_batch_size > 0,
+            "cleanup batch size must be positive"
+        );
+        anyhow::ensure!(
+            !self.retry_initial.is_zero() && self.retry_initial <= self.retry_max,
+            "retry delays must satisfy 0 < initial <= max"
+        );
+        Ok(())
+    }
+}

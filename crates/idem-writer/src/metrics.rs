@@ -1,0 +1,340 @@
+//! The writer's counters and gauges, rendered as Prometheus text exposition.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// What went wrong, as the `kind` label of `idem_writer_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Connecting to a Redis node failed.
+    RedisConnect,
+    /// `IDEM.MIRROR.PULL` failed (connection lost, error reply).
+    RedisPull,
+    /// The pipelined `IDEM.MIRROR.ACK` failed; the batch will be re-pulled.
+    RedisAck,
+    /// `INFO idem` could not be read.
+    RedisInfo,
+    /// Postgres unreachable, timed out, or failed the batch as a whole.
+    Postgres,
+    /// A record whose key Postgres `TEXT` cannot hold (not UTF-8, NUL, too long).
+    InvalidKey,
+    /// A record that does not follow the PULL reply contract.
+    MalformedRecord,
+    /// A record Postgres refused on its own (constraint, data error).
+    RejectedRow,
+    /// The cleanup job failed.
+    Cleanup,
+}
+
+impl ErrorKind {
+    const ALL: [ErrorKind; 9] = [
+        ErrorKind::RedisConnect,
+        ErrorKind::RedisPull,
+        ErrorKind::RedisAck,
+        ErrorKind::RedisInfo,
+        ErrorKind::Postgres,
+        ErrorKind::InvalidKey,
+        ErrorKind::MalformedRecord,
+        ErrorKind::RejectedRow,
+        ErrorKind::Cleanup,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::RedisConnect => "redis_connect",
+            ErrorKind::RedisPull => "redis_pull",
+            ErrorKind::RedisAck => "redis_ack",
+            ErrorKind::RedisInfo => "redis_info",
+            ErrorKind::Postgres => "postgres",
+            ErrorKind::InvalidKey => "invalid_key",
+            ErrorKind::MalformedRecord => "malformed_record",
+            ErrorKind::RejectedRow => "rejected_row",
+            ErrorKind::Cleanup => "cleanup",
+        }
+    }
+}
+
+/// Upper bounds (seconds) of the batch latency histogram buckets.
+const LATENCY_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A cumulative histogram of durations.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+}
+
+/// Per Redis node.
+#[derive(Debug)]
+pub struct NodeMetrics {
+    /// `host:port/db`, never the password.
+    pub node: String,
+    /// Records committed to Postgres and acknowledged in Redis.
+    pub records_mirrored: AtomicU64,
+    /// Rows inserted or moved forward (the rest were already as new).
+    pub rows_written: AtomicU64,
+    pub batches: AtomicU64,
+    /// Pull → commit → ack of one non-empty batch.
+    pub batch_latency: Histogram,
+    pub pending: AtomicI64,
+    pub oldest_pending_ms: AtomicI64,
+    /// The last Redis exchange of the mirror loop succeeded.
+    pub up: AtomicBool,
+}
+
+impl NodeMetrics {
+    fn new(node: String) -> Self {
+        NodeMetrics {
+            node,
+            records_mirrored: AtomicU64::new(0),
+            rows_written: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            batch_latency: Histogram::default(),
+            pending: AtomicI64::new(-1),
+            oldest_pending_ms: AtomicI64::new(-1),
+            up: AtomicBool::new(false),
+        }
+    }
+}
+
+/// All of the writer's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    pub nodes: Vec<NodeMetrics>,
+    errors: [AtomicU64; ErrorKind::ALL.len()],
+    pub cleanup_rows_removed: AtomicU64,
+    pub cleanup_runs: AtomicU64,
+    /// The last Postgres exchange succeeded.
+    pub postgres_up: AtomicBool,
+}
+
+impl Metrics {
+    pub fn new(node_labels: Vec<String>) -> Self {
+        Metrics {
+            nodes: node_labels.into_iter().map(NodeMetrics::new).collect(),
+            errors: Default::default(),
+            cleanup_rows_removed: AtomicU64::new(0),
+            cleanup_runs: AtomicU64::new(0),
+            postgres_up: AtomicBool::new(false),
+        }
+    }
+
+    pub fn error(&self, kind: ErrorKind) {
+        self.error_n(kind, 1);
+    }
+
+    pub fn error_n(&self, kind: ErrorKind, n: u64) {
+        if let Some(i) = ErrorKind::ALL.iter().position(|k| *k == kind) {
+            self.errors[i].fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub fn errors(&self, kind: ErrorKind) -> u64 {
+        ErrorKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .map_or(0, |i| self.errors[i].load(Ordering::Relaxed))
+    }
+
+    /// Healthy when Postgres and every node answered last time.
+    pub fn unhealthy_parts(&self) -> Vec<String> {
+        let mut down = Vec::new();
+        if !self.postgres_up.load(Ordering::Relaxed) {
+            down.push("postgres".to_string());
+        }
+        for node in &self.nodes {
+            if !node.up.load(Ordering::Relaxed) {
+                down.push(format!("redis {}", node.node));
+            }
+        }
+        down
+    }
+
+    /// The Prometheus text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let per_node = |out: &mut String,
+                        name: &str,
+                        kind: &str,
+                        help: &str,
+                        f: &dyn Fn(&NodeMetrics) -> String| {
+            header(out, name, kind, help);
+            for node in &self.nodes {
+                let _ = writeln!(out, "{name}{{node=\"{}\"}} {}", escape(&node.node), f(node));
+            }
+        };
+        per_node(
+            &mut out,
+            "idem_writer_records_mirrored_total",
+            "counter",
+            "Records committed to Postgres and acknowledged in Redis.",
+            &|n| n.records_mirrored.load(Ordering::Relaxed).to_string(),
+        );
+        per_node(
+            &mut out,
+            "idem_writer_rows_written_total",
+            "counter",
+            "Rows inserted or moved to a newer token (the others were already current).",
+            &|n| n.rows_written.load(Ordering::Relaxed).to_string(),
+        );
+        per_node(
+            &mut out,
+            "idem_writer_batches_total",
+            "counter",
+            "Non-empty batches committed and acknowledged.",
+            &|n| n.batches.load(Ordering::Relaxed).to_string(),
+        );
+        per_node(
+            &mut out,
+            "idem_writer_node_pending",
+            "gauge",
+            "Records pending for the mirror on the node (INFO idem_mirror_pending; -1 unknown).",
+            &|n| n.pending.load(Ordering::Relaxed).to_string(),
+        );
+        per_node(
+            &mut out,
+            "idem_writer_node_oldest_pending_ms",
+            "gauge",
+            "Mirror lag on the node (INFO idem_mirror_oldest_pending_ms; -1 unknown).",
+            &|n| n.oldest_pending_ms.load(Ordering::Relaxed).to_string(),
+        );
+        per_node(
+            &mut out,
+            "idem_writer_node_up",
+            "gauge",
+            "1 when the last exchange with the node succeeded.",
+            &|n| u8::from(n.up.load(Ordering::Relaxed)).to_string(),
+        );
+
+        let name = "idem_writer_batch_duration_seconds";
+        header(
+            &mut out,
+            name,
+            "histogram",
+            "Time from pull to acknowledgement of a non-empty batch.",
+        );
+        for node in &self.nodes {
+            let label = escape(&node.node);
+            let h = &node.batch_latency;
+            for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&h.buckets) {
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{node=\"{label}\",le=\"{bound}\"}} {}",
+                    bucket.load(Ordering::Relaxed)
+                );
+            }
+            let count = h.count.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{node=\"{label}\",le=\"+Inf\"}} {count}");
+            let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+            let _ = writeln!(out, "{name}_sum{{node=\"{label}\"}} {sum}");
+            let _ = writeln!(out, "{name}_count{{node=\"{label}\"}} {count}");
+        }
+
+        let name = "idem_writer_errors_total";
+        header(&mut out, name, "counter", "Errors by kind.");
+        for (kind, count) in ErrorKind::ALL.iter().zip(&self.errors) {
+            let _ = writeln!(
+                out,
+                "{name}{{kind=\"{}\"}} {}",
+                kind.label(),
+                count.load(Ordering::Relaxed)
+            );
+        }
+
+        let name = "idem_writer_cleanup_rows_removed_total";
+        header(
+            &mut out,
+            name,
+            "counter",
+            "Expired rows deleted by the cleanup job.",
+        );
+        let _ = writeln!(
+            out,
+            "{name} {}",
+            self.cleanup_rows_removed.load(Ordering::Relaxed)
+        );
+        let name = "idem_writer_cleanup_runs_total";
+        header(&mut out, name, "counter", "Completed cleanup runs.");
+        let _ = writeln!(out, "{name} {}", self.cleanup_runs.load(Ordering::Relaxed));
+        let name = "idem_writer_postgres_up";
+        header(
+            &mut out,
+            name,
+            "gauge",
+            "1 when the last Postgres exchange succeeded.",
+        );
+        let _ = writeln!(
+            out,
+            "{name} {}",
+            u8::from(self.postgres_up.load(Ordering::Relaxed))
+        );
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Escapes a label value (backslash, double quote, newline).
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_histogram_and_errors() {
+        let metrics = Metrics::new(vec!["127.0.0.1:7000/0".into()]);
+        let node = &metrics.nodes[0];
+        node.records_mirrored.fetch_add(5, Ordering::Relaxed);
+        node.batch_latency.observe(Duration::from_millis(3));
+        node.batch_latency.observe(Duration::from_millis(30));
+        metrics.error(ErrorKind::InvalidKey);
+        let text = metrics.render();
+        assert!(text.contains("idem_writer_records_mirrored_total{node=\"127.0.0.1:7000/0\"} 5\n"));
+        assert!(text.contains(
+            "idem_writer_batch_duration_seconds_bucket{node=\"127.0.0.1:7000/0\",le=\"0.005\"} 1\n"
+        ));
+        assert!(text.contains(
+            "idem_writer_batch_duration_seconds_bucket{node=\"127.0.0.1:7000/0\",le=\"0.05\"} 2\n"
+        ));
+        assert!(text
+            .contains("idem_writer_batch_duration_seconds_count{node=\"127.0.0.1:7000/0\"} 2\n"));
+        assert!(text.contains("idem_writer_errors_total{kind=\"invalid_key\"} 1\n"));
+        assert!(text.contains("idem_writer_errors_total{kind=\"postgres\"} 0\n"));
+        assert_eq!(
+            metrics.unhealthy_parts(),
+            vec!["postgres", "redis 127.0.0.1:7000/0"]
+        );
+    }
+
+    #[test]
+    fn escapes_label_values() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

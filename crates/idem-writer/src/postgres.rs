@@ -1,0 +1,150 @@
+//! The Postgres side of the mirror: the connection pool and one attempt at
+//! storing a batch, isolating rows Postgres refuses so that one bad record
+//! cannot block the rest.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::Context;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+use crate::record::MirrorRecord;
+use crate::store::{latest_per_key, upsert_records, UPSERT_SQL};
+
+/// How long opening one Postgres connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A pool for `database_url` holding up to `size` connections.
+pub fn pool(database_url: &str, size: usize) -> anyhow::Result<Pool> {
+    let mut config: tokio_postgres::Config =
+        database_url.parse().context("invalid database URL")?;
+    config.connect_timeout(CONNECT_TIMEOUT);
+    if config.get_application_name().is_none() {
+        config.application_name("idem-writer");
+    }
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .wait_timeout(Some(CONNECT_TIMEOUT))
+        .build()
+        .context("build the Postgres pool")
+}
+
+/// A batch that is committed: what to acknowledge, and what Postgres refused.
+#[derive(Debug, Default)]
+pub struct Stored {
+    /// Rows inserted or moved forward.
+    pub written: u64,
+    /// Every `(key, token)` whose key is now in Postgres at this token or a
+    /// newer one.
+    pub acks: Vec<(String, i64)>,
+    /// Records Postgres refused on their own; left pending in Redis.
+    pub refused: Vec<(String, String)>,
+}
+
+/// One attempt to commit `records`. An error means nothing can be known to
+/// be committed (the batch must be retried as a whole).
+pub async fn store_batch(
+    pool: &Pool,
+    records: &[MirrorRecord],
+    timeout: Duration,
+) -> anyhow::Result<Stored> {
+    let client = pool.get().await.context("get a Postgres connection")?;
+    let result = match upsert_in_time(&client, records, timeout).await {
+        Ok(written) => Ok(Stored {
+            written,
+            acks: all_acks(records, &HashSet::new()),
+            refused: Vec::new(),
+        }),
+        Err(UpsertError::Row(_)) => store_row_by_row(&client, records, timeout).await,
+        Err(UpsertError::Other(error)) => Err(error),
+    };
+    if result.is_err() {
+        discard(client);
+    }
+    result
+}
+
+/// Rare path: a row-level error failed the batch; store each row alone to
+/// find the refused ones.
+async fn store_row_by_row(
+    client: &Object,
+    records: &[MirrorRecord],
+    timeout: Duration,
+) -> anyhow::Result<Stored> {
+    let mut stored = Stored::default();
+    let mut refused_keys = HashSet::new();
+    for row in latest_per_key(records) {
+        match upsert_in_time(client, std::slice::from_ref(row), timeout).await {
+            Ok(written) => stored.written += written,
+            Err(UpsertError::Row(reason)) => {
+                refused_keys.insert(row.key.clone());
+                stored.refused.push((row.key.clone(), reason));
+            }
+            Err(UpsertError::Other(error)) => return Err(error),
+        }
+    }
+    stored.acks = all_acks(records, &refused_keys);
+    Ok(stored)
+}
+
+enum UpsertError {
+    /// Postgres refused a row's data (data exception, constraint, limit).
+    Row(String),
+    Other(anyhow::Error),
+}
+
+async fn upsert_in_time(
+    client: &Object,
+    records: &[MirrorRecord],
+    timeout: Duration,
+) -> Result<u64, UpsertError> {
+    let attempt = async {
+        let statement = client.prepare_cached(UPSERT_SQL).await?;
+        upsert_records(client, &statement, records).await
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Ok(written)) => Ok(written),
+        Ok(Err(error)) if is_row_level(&error) => Err(UpsertError::Row(error.to_string())),
+        Ok(Err(error)) => Err(UpsertError::Other(
+            anyhow::Error::new(error).context("upsert the batch"),
+        )),
+        Err(_) => Err(UpsertError::Other(anyhow::anyhow!(
+            "the upsert took longer than {timeout:?}"
+        ))),
+    }
+}
+
+/// Errors caused by a row's content: classes 22 (data exception), 23
+/// (integrity constraint) and 54 (program limit, e.g. index row too large).
+fn is_row_level(error: &tokio_postgres::Error) -> bool {
+    error.code().is_some_and(|code: &SqlState| {
+        let class = &code.code()[..2];
+        matches!(class, "22" | "23" | "54")
+    })
+}
+
+/// Every record of the batch whose key was stored, including older
+/// duplicates of a key (Postgres holds a newer version of them).
+fn all_acks(records: &[MirrorRecord], refused: &HashSet<String>) -> Vec<(String, i64)> {
+    records
+        .iter()
+        .filter(|r| !refused.contains(&r.key))
+        .map(|r| (r.key.clone(), r.token))
+        .collect()
+}
+
+/// Drops a connection that failed instead of returning it to the pool.
+fn discard(client: Object) {
+    drop(Object::take(client));
+}

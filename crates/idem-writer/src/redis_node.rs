@@ -1,0 +1,161 @@
+//! One Redis primary as the mirror sees it: a dedicated connection for the
+//! blocking pull and the acknowledgements, reopened after any failure.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, RedisResult, Value};
+
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Slack on top of the pull's BLOCK before the reply counts as lost.
+const RESPONSE_SLACK: Duration = Duration::from_secs(5);
+
+pub struct RedisNode {
+    client: Client,
+    label: String,
+    config: AsyncConnectionConfig,
+    conn: Option<MultiplexedConnection>,
+}
+
+impl RedisNode {
+    /// `block` is the longest BLOCK this connection will be asked to wait.
+    pub fn open(url: &str, block: Duration) -> anyhow::Result<Self> {
+        let client = Client::open(url).map_err(|e| anyhow::anyhow!("invalid Redis URL: {e}"))?;
+        let label = node_label(&client);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(CONNECT_TIMEOUT)
+            .set_response_timeout(block + RESPONSE_SLACK);
+        Ok(RedisNode {
+            client,
+            label,
+            config,
+            conn: None,
+        })
+    }
+
+    /// `host:port/db` (no credentials), for logs and metric labels.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The connection, opened when there is none.
+    async fn connection(&mut self) -> RedisResult<&mut MultiplexedConnection> {
+        if self.conn.is_none() {
+            let conn = self
+                .client
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await?;
+            self.conn = Some(conn);
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| redis::RedisError::from((redis::ErrorKind::IoError, "not connected")))
+    }
+
+    /// Connects when not connected.
+    pub async fn connect(&mut self) -> RedisResult<()> {
+        self.connection().await.map(|_| ())
+    }
+
+    /// After any error the connection is dropped, so the next call starts
+    /// from a fresh one (a blocked or half-read connection is never reused).
+    fn forget_on_error<T>(&mut self, result: &RedisResult<T>) {
+        if result.is_err() {
+            self.conn = None;
+        }
+    }
+
+    /// `IDEM.MIRROR.PULL count CLAIM ms BLOCK ms`, the raw reply.
+    pub async fn pull(
+        &mut self,
+        count: u32,
+        claim: Duration,
+        block: Duration,
+    ) -> RedisResult<Value> {
+        let mut cmd = redis::cmd("IDEM.MIRROR.PULL");
+        cmd.arg(count)
+            .arg("CLAIM")
+            .arg(millis(claim))
+            .arg("BLOCK")
+            .arg(millis(block));
+        let result = match self.connection().await {
+            Ok(conn) => cmd.query_async(conn).await,
+            Err(e) => Err(e),
+        };
+        self.forget_on_error(&result);
+        result
+    }
+
+    /// Pipelined `IDEM.MIRROR.ACK key token` for each pair; the replies (1
+    /// acknowledged, 0 the key is gone or holds another token).
+    pub async fn ack(&mut self, acks: &[(&str, i64)]) -> RedisResult<Vec<i64>> {
+        if acks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (key, token) in acks {
+            pipe.cmd("IDEM.MIRROR.ACK").arg(*key).arg(*token);
+        }
+        let result = match self.connection().await {
+            Ok(conn) => pipe.query_async(conn).await,
+            Err(e) => Err(e),
+        };
+        self.forget_on_error(&result);
+        result
+    }
+
+    /// `(idem_mirror_pending, idem_mirror_oldest_pending_ms)` from `INFO idem`
+    /// (-1 for a field the node does not report).
+    pub async fn mirror_info(&mut self) -> RedisResult<(i64, i64)> {
+        let result: RedisResult<String> = match self.connection().await {
+            Ok(conn) => redis::cmd("INFO").arg("idem").query_async(conn).await,
+            Err(e) => Err(e),
+        };
+        self.forget_on_error(&result);
+        let text = result?;
+        let field = |name: &str| info_field(&text, name).unwrap_or(-1);
+        Ok((
+            field("idem_mirror_pending"),
+            field("idem_mirror_oldest_pending_ms"),
+        ))
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `host:port/db` of a client's connection info.
+fn node_label(client: &Client) -> String {
+    let info = client.get_connection_info();
+    format!("{}/{}", info.addr, info.redis.db)
+}
+
+/// An integer field `name:value` of an INFO section.
+fn info_field(text: &str, name: &str) -> Option<i64> {
+    text.lines().find_map(|line| {
+        let (field, value) = line.trim_end().split_once(':')?;
+        (field == name).then(|| value.parse().ok()).flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_info_fields() {
+        let text = "# idem\r\nidem_new:4\r\nidem_mirror_pending:12\r\nidem_mirror_oldest_pending_ms:340\r\n";
+        assert_eq!(info_field(text, "idem_mirror_pending"), Some(12));
+        assert_eq!(info_field(text, "idem_mirror_oldest_pending_ms"), Some(340));
+        assert_eq!(info_field(text, "idem_mirror"), None);
+    }
+
+    #[test]
+    fn labels_hide_credentials() {
+        let node = RedisNode::open("redis://:secret@10.0.0.5:7001/2", Duration::from_secs(1))
+            .expect("valid url");
+        assert_eq!(node.label(), "10.0.0.5:7001/2");
+    }
+}

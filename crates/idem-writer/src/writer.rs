@@ -1,0 +1,234 @@
+//! `run`: migrations, one mirror loop per Redis primary, the cleanup
+//! schedule and the metrics server, until shutdown.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use deadpool_postgres::Pool;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::backoff::Backoff;
+use crate::cleanup::delete_expired;
+use crate::config::WriterConfig;
+use crate::metrics::{ErrorKind, Metrics};
+use crate::migrate::migrate;
+use crate::node::{poll_mirror_info, sleep_unless, NodeLoop, Shutdown};
+use crate::redis_node::RedisNode;
+
+/// Longest wait before retrying a failed cleanup run.
+const CLEANUP_RETRY: Duration = Duration::from_secs(60);
+/// How long opening the migration connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Mirrors every configured Redis primary into Postgres until `shutdown`
+/// completes, then finishes (commits and acknowledges) the batches in hand
+/// and returns `Ok`. Applies the migrations first, waiting for Postgres.
+pub async fn run(
+    config: WriterConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    config.validate()?;
+    let config = Arc::new(config);
+    let nodes = config
+        .redis_urls
+        .iter()
+        .map(|url| RedisNode::open(url, config.block))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let metrics = Arc::new(Metrics::new(
+        nodes.iter().map(|n| n.label().to_string()).collect(),
+    ));
+    let pool = crate::postgres::pool(&config.database_url, nodes.len() + 1)?;
+    let shutdown_stages = Shutdown {
+        stop: CancellationToken::new(),
+        abort: CancellationToken::new(),
+    };
+    let http = match config.metrics_addr {
+        Some(addr) => {
+            let (bound, task) =
+                crate::http::serve(addr, metrics.clone(), shutdown_stages.stop.clone()).await?;
+            info!(%bound, "serving /metrics and /healthz");
+            Some(task)
+        }
+        None => None,
+    };
+
+    tokio::pin!(shutdown);
+    tokio::select! {
+        migrated = migrate_when_reachable(&config, &metrics) => migrated?,
+        () = &mut shutdown => {
+            shutdown_stages.stop.cancel();
+            return Ok(());
+        }
+    }
+
+    let mut tasks = JoinSet::new();
+    for (node_index, node) in nodes.into_iter().enumerate() {
+        let poller = RedisNode::open(&config.redis_urls[node_index], config.block)?;
+        tasks.spawn(poll_mirror_info(
+            poller,
+            node_index,
+            metrics.clone(),
+            config.info_interval,
+            shutdown_stages.stop.clone(),
+        ));
+        info!(node = node.label(), "mirroring");
+        tasks.spawn(
+            NodeLoop {
+                node,
+                node_index,
+                pool: pool.clone(),
+                config: config.clone(),
+                metrics: metrics.clone(),
+                shutdown: shutdown_stages.clone(),
+            }
+            .run(),
+        );
+    }
+    if let Some(interval) = config.cleanup_interval {
+        tasks.spawn(cleanup_schedule(
+            pool.clone(),
+            interval,
+            config.cleanup_batch_size,
+            metrics.clone(),
+            shutdown_stages.stop.clone(),
+        ));
+    }
+
+    let outcome = tokio::select! {
+        () = &mut shutdown => {
+            info!("shutting down: finishing the batches in hand");
+            Ok(())
+        }
+        Some(ended) = tasks.join_next() => {
+            Err(anyhow::anyhow!("a writer task ended unexpectedly: {ended:?}"))
+        }
+    };
+    shutdown_stages.stop.cancel();
+    let abort = shutdown_stages.abort.clone();
+    let grace = config.shutdown_grace;
+    let abort_timer = tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        abort.cancel();
+    });
+    while let Some(ended) = tasks.join_next().await {
+        if let Err(join_error) = ended {
+            error!(%join_error, "a writer task failed");
+        }
+    }
+    abort_timer.abort();
+    if let Some(http) = http {
+        let _ = http.await;
+    }
+    info!("stopped");
+    outcome
+}
+
+/// Applies the migrations, waiting (with backoff) while Postgres cannot be
+/// reached; a migration that Postgres rejects is an error.
+async fn migrate_when_reachable(config: &WriterConfig, metrics: &Metrics) -> anyhow::Result<()> {
+    let mut backoff = Backoff::new(config.retry_initial, config.retry_max);
+    loop {
+        let attempt = async {
+            let mut client = connect(&config.database_url).await?;
+            migrate(&mut client).await
+        };
+        match attempt.await {
+            Ok(()) => {
+                metrics.postgres_up.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(error) if is_unreachable(&error) => {
+                metrics.error(ErrorKind::Postgres);
+                warn!(
+                    error = format!("{error:#}"),
+                    "Postgres unreachable; retrying the migrations"
+                );
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Connects a single client (its connection driven on a task).
+pub async fn connect(database_url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let mut config: tokio_postgres::Config =
+        database_url.parse().context("invalid database URL")?;
+    config.connect_timeout(CONNECT_TIMEOUT);
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .context("connect to Postgres")?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "Postgres connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// Connection-level failures (no server, connection lost, server starting
+/// or shutting down), as opposed to SQL that Postgres rejects.
+fn is_unreachable(error: &anyhow::Error) -> bool {
+    match error
+        .chain()
+        .find_map(|e| e.downcast_ref::<tokio_postgres::Error>())
+    {
+        Some(pg) => match pg.code() {
+            None => true,
+            Some(code) => code.code().starts_with("08") || code.code().starts_with("57P"),
+        },
+        None => false,
+    }
+}
+
+/// Deletes expired rows now and then every `interval` until `stop`.
+async fn cleanup_schedule(
+    pool: Pool,
+    interval: Duration,
+    batch_size: u32,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    loop {
+        let run = async {
+            let client = pool.get().await.context("get a Postgres connection")?;
+            delete_expired(&client, batch_size)
+                .await
+                .context("delete expired rows")
+        };
+        let delay = tokio::select! {
+            result = run => match result {
+                Ok(removed) => {
+                    metrics.cleanup_rows_removed.fetch_add(removed, Ordering::Relaxed);
+                    metrics.cleanup_runs.fetch_add(1, Ordering::Relaxed);
+                    info!(removed, "cleanup removed expired rows");
+                    interval
+                }
+                Err(error) => {
+                    metrics.error(ErrorKind::Cleanup);
+                    warn!(error = format!("{error:#}"), "cleanup failed");
+                    interval.min(CLEANUP_RETRY)
+                }
+            },
+            () = stop.cancelled() => return,
+        };
+        if !sleep_unless(&stop, delay).await {
+            return;
+        }
+    }
+}
+
+/// One cleanup pass against `database_url` (for `idem-writer cleanup
+/// --once`): the number of expired rows removed.
+pub async fn cleanup_once(database_url: &str, batch_size: u32) -> anyhow::Result<u64> {
+    let client = connect(database_url).await?;
+    delete_expired(&client, batch_size)
+        .await
+        .context("delete expired rows")
+}
