@@ -1,0 +1,478 @@
+//! Helpers shared by the module's integration tests: typed wrappers around the
+//! IDEM.* replies, error capture, `INFO idem` parsing and replica setup.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_testkit::{eventually, RedisServer};
+use redis::{Connection, Value};
+use sha2::{Digest, Sha256};
+
+/// Lowercase hex SHA-256 of a fingerprint argument, as the module reports it.
+pub fn fp_hex(fingerprint: &[u8]) -> String {
+    hex::encode(Sha256::digest(fingerprint))
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after epoch")
+        .as_millis() as u64
+}
+
+pub fn sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+/// A string-ish reply (bulk or simple) as bytes.
+pub fn bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::BulkString(b) => b.clone(),
+        Value::SimpleString(s) => s.clone().into_bytes(),
+        Value::Okay => b"OK".to_vec(),
+        Value::VerbatimString { text, .. } => text.clone().into_bytes(),
+        other => panic!("expected a string reply, got {other:?}"),
+    }
+}
+
+pub fn text(v: &Value) -> String {
+    String::from_utf8(bytes(v)).expect("utf-8 reply")
+}
+
+/// An integer reply.
+pub fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(i) => *i,
+        other => panic!("expected an integer reply, got {other:?}"),
+    }
+}
+
+/// A non-negative number sent either as an integer or as a decimal string
+/// (field/value arrays).
+pub fn num(v: &Value) -> u64 {
+    match v {
+        Value::Int(i) => u64::try_from(*i).expect("non-negative"),
+        other => text(other)
+            .parse()
+            .unwrap_or_else(|_| panic!("expected a number, got {other:?}")),
+    }
+}
+
+pub fn array(v: &Value) -> &[Value] {
+    match v {
+        Value::Array(a) => a,
+        other => panic!("expected an array reply, got {other:?}"),
+    }
+}
+
+/// A flat array of bulk strings (headers: name, value, ...).
+pub fn byte_list(v: &Value) -> Vec<Vec<u8>> {
+    array(v).iter().map(bytes).collect()
+}
+
+/// Headers as the flat `name, value, ...` byte list a reply carries.
+pub fn flat_headers(headers: &[(&str, &str)]) -> Vec<Vec<u8>> {
+    headers
+        .iter()
+        .flat_map(|(n, v)| [n.as_bytes().to_vec(), v.as_bytes().to_vec()])
+        .collect()
+}
+
+/// The four outcomes of IDEM.BEGIN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    New(u64),
+    InFlight(u64),
+    Replay {
+        status: u64,
+        body: Vec<u8>,
+        headers: Vec<Vec<u8>>,
+    },
+    Mismatch,
+}
+
+impl Outcome {
+    /// Strict parse of a BEGIN reply: exact arity and types per outcome.
+    pub fn parse(v: &Value) -> Outcome {
+        let a = array(v);
+        assert!(!a.is_empty(), "empty BEGIN reply");
+        match (text(&a[0]).as_str(), a.len()) {
+            ("new", 2) => {
+                let token = int(&a[1]);
+                assert!(
+                    token > 0 && token < (1 << 53),
+                    "token out of range: {token}"
+                );
+                Outcome::New(token as u64)
+            }
+            ("in_flight", 2) => {
+                let ms = int(&a[1]);
+                assert!(ms > 0, "retry hint must be positive: {ms}");
+                Outcome::InFlight(ms as u64)
+            }
+            ("replay", 4) => Outcome::Replay {
+                status: int(&a[1]) as u64,
+                body: bytes(&a[2]),
+                headers: byte_list(&a[3]),
+            },
+            ("mismatch", 1) => Outcome::Mismatch,
+            _ => panic!("unexpected BEGIN reply {v:?}"),
+        }
+    }
+
+    pub fn token(&self) -> u64 {
+        match self {
+            Outcome::New(t) => *t,
+            other => panic!("expected new, got {other:?}"),
+        }
+    }
+}
+
+/// Runs a command built from string-ish args and returns the raw reply.
+pub fn raw<T: redis::ToRedisArgs>(con: &mut Connection, args: &[T]) -> redis::RedisResult<Value> {
+    let mut c = redis::Cmd::new();
+    for a in args {
+        c.arg(a);
+    }
+    c.query(con)
+}
+
+/// Runs a command that must succeed.
+pub fn ok<T: redis::ToRedisArgs + std::fmt::Debug>(con: &mut Connection, args: &[T]) -> Value {
+    raw(con, args).unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
+}
+
+/// Runs a command that must fail; returns (code, full message).
+pub fn err<T: redis::ToRedisArgs + std::fmt::Debug>(
+    con: &mut Connection,
+    args: &[T],
+) -> (String, String) {
+    match raw(con, args) {
+        Ok(v) => panic!("{args:?} should fail, got {v:?}"),
+        Err(e) => (
+            e.code().unwrap_or("<no code>").to_string(),
+            format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or("")),
+        ),
+    }
+}
+
+/// Asserts the error code of a failing command.
+pub fn assert_err<T: redis::ToRedisArgs + std::fmt::Debug>(
+    con: &mut Connection,
+    args: &[T],
+    code: &str,
+) {
+    let (got, msg) = err(con, args);
+    assert_eq!(got, code, "{args:?} -> {msg}");
+}
+
+pub fn begin(con: &mut Connection, key: &str, fp: &str, ttl: u64) -> Outcome {
+    Outcome::parse(&ok(con, &["IDEM.BEGIN", key, fp, &ttl.to_string()]))
+}
+
+pub fn begin_lease(con: &mut Connection, key: &str, fp: &str, ttl: u64, lease_ms: u64) -> Outcome {
+    Outcome::parse(&ok(
+        con,
+        &[
+            "IDEM.BEGIN",
+            key,
+            fp,
+            &ttl.to_string(),
+            "LEASE",
+            &lease_ms.to_string(),
+        ],
+    ))
+}
+
+/// IDEM.COMPLETE with headers; asserts the `OK` reply.
+pub fn complete(
+    con: &mut Connection,
+    key: &str,
+    token: u64,
+    status: u16,
+    body: &[u8],
+    headers: &[(&str, &str)],
+) {
+    let mut c = redis::cmd("IDEM.COMPLETE");
+    c.arg(key).arg(token).arg(status).arg(body);
+    for (n, v) in headers {
+        c.arg("HEADER").arg(*n).arg(*v);
+    }
+    let v: Value = c
+        .query(con)
+        .unwrap_or_else(|e| panic!("COMPLETE {key}: {e}"));
+    assert_eq!(v, Value::Okay, "COMPLETE reply");
+}
+
+/// IDEM.COMPLETE ... MIRRORED
+pub fn complete_mirrored(con: &mut Connection, key: &str, token: u64, status: u16, body: &[u8]) {
+    let v: Value = redis::cmd("IDEM.COMPLETE")
+        .arg(key)
+        .arg(token)
+        .arg(status)
+        .arg(body)
+        .arg("MIRRORED")
+        .query(con)
+        .unwrap_or_else(|e| panic!("COMPLETE MIRRORED {key}: {e}"));
+    assert_eq!(v, Value::Okay);
+}
+
+/// BEGIN a fresh key and complete it; returns the token.
+pub fn completed(con: &mut Connection, key: &str, fp: &str, ttl: u64, body: &[u8]) -> u64 {
+    let token = begin(con, key, fp, ttl).token();
+    complete(con, key, token, 200, body, &[]);
+    token
+}
+
+pub fn abort(con: &mut Connection, key: &str, token: u64) -> i64 {
+    int(&ok(con, &["IDEM.ABORT", key, &token.to_string()]))
+}
+
+pub fn touch(con: &mut Connection, key: &str, token: u64, lease_ms: u64) -> i64 {
+    int(&ok(
+        con,
+        &["IDEM.TOUCH", key, &token.to_string(), &lease_ms.to_string()],
+    ))
+}
+
+pub fn ack(con: &mut Connection, key: &str, token: u64) -> i64 {
+    int(&ok(con, &["IDEM.MIRROR.ACK", key, &token.to_string()]))
+}
+
+/// An IDEM.GET reply, parsed strictly: the documented fields in the
+/// documented order, and no others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rec {
+    pub state: String,
+    pub fingerprint: String,
+    pub token: u64,
+    pub created_at: u64,
+    pub expires_at: u64,
+    pub lease_until: Option<u64>,
+    pub status: Option<u64>,
+    pub body: Option<Vec<u8>>,
+    pub headers: Option<Vec<Vec<u8>>>,
+    pub completed_at: Option<u64>,
+    pub mirror: Option<String>,
+}
+
+const IN_PROGRESS_FIELDS: [&str; 6] = [
+    "state",
+    "fingerprint",
+    "token",
+    "created_at",
+    "expires_at",
+    "lease_until",
+];
+const COMPLETED_FIELDS: [&str; 10] = [
+    "state",
+    "fingerprint",
+    "token",
+    "created_at",
+    "expires_at",
+    "status",
+    "body",
+    "headers",
+    "completed_at",
+    "mirror",
+];
+
+impl Rec {
+    pub fn parse(v: &Value) -> Option<Rec> {
+        if *v == Value::Nil {
+            return None;
+        }
+        let a = array(v);
+        assert!(a.len() % 2 == 0, "odd field/value array: {v:?}");
+        let names: Vec<String> = a.iter().step_by(2).map(text).collect();
+        let m: HashMap<&str, &Value> = names
+            .iter()
+            .map(String::as_str)
+            .zip(a.iter().skip(1).step_by(2))
+            .collect();
+        let state = text(m["state"]);
+        match state.as_str() {
+            "in_progress" => assert_eq!(names, IN_PROGRESS_FIELDS, "GET fields"),
+            "completed" => assert_eq!(names, COMPLETED_FIELDS, "GET fields"),
+            other => panic!("unknown state {other}"),
+        }
+        let opt_num = |k: &str| m.get(k).map(|v| num(v));
+        Some(Rec {
+            state,
+            fingerprint: text(m["fingerprint"]),
+            token: num(m["token"]),
+            created_at: num(m["created_at"]),
+            expires_at: num(m["expires_at"]),
+            lease_until: opt_num("lease_until"),
+            status: opt_num("status"),
+            body: m.get("body").map(|v| bytes(v)),
+            headers: m.get("headers").map(|v| byte_list(v)),
+            completed_at: opt_num("completed_at"),
+            mirror: m.get("mirror").map(|v| text(v)),
+        })
+    }
+
+    pub fn is_completed(&self) -> bool {
+        self.state == "completed"
+    }
+}
+
+pub fn get(con: &mut Connection, key: &str) -> Option<Rec> {
+    Rec::parse(&ok(con, &["IDEM.GET", key]))
+}
+
+pub fn get_rec(con: &mut Connection, key: &str) -> Rec {
+    get(con, key).unwrap_or_else(|| panic!("no record under {key}"))
+}
+
+pub fn pttl(con: &mut Connection, key: &str) -> i64 {
+    int(&ok(con, &["PTTL", key]))
+}
+
+pub fn pexpiretime(con: &mut Connection, key: &str) -> i64 {
+    int(&ok(con, &["PEXPIRETIME", key]))
+}
+
+pub fn digest(con: &mut Connection) -> String {
+    text(&ok(con, &["DEBUG", "DIGEST"]))
+}
+
+pub fn dbsize(con: &mut Connection) -> i64 {
+    int(&ok(con, &["DBSIZE"]))
+}
+
+/// All `name:value` lines of `INFO <section>`.
+pub fn info(con: &mut Connection, section: &str) -> HashMap<String, String> {
+    let s = text(&ok(con, &["INFO", section]));
+    s.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// The numeric fields of `INFO idem`.
+pub fn idem_info(con: &mut Connection) -> HashMap<String, i64> {
+    info(con, "idem")
+        .into_iter()
+        .map(|(k, v)| {
+            let n = v
+                .parse()
+                .unwrap_or_else(|_| panic!("INFO idem field {k} is not a number: {v}"));
+            (k, n)
+        })
+        .collect()
+}
+
+pub fn idem_counter(con: &mut Connection, name: &str) -> i64 {
+    *idem_info(con)
+        .get(name)
+        .unwrap_or_else(|| panic!("INFO idem lacks {name}"))
+}
+
+/// One entry of an IDEM.MIRROR.PULL reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pulled {
+    pub key: Vec<u8>,
+    pub token: u64,
+    pub fingerprint: String,
+    pub status: u64,
+    pub body: Vec<u8>,
+    pub headers: Vec<Vec<u8>>,
+    pub created_at: u64,
+    pub completed_at: u64,
+    pub expires_at: u64,
+}
+
+pub fn parse_pull(v: &Value) -> Vec<Pulled> {
+    array(v)
+        .iter()
+        .map(|e| {
+            let a = array(e);
+            assert_eq!(a.len(), 9, "PULL entry shape: {e:?}");
+            Pulled {
+                key: bytes(&a[0]),
+                token: int(&a[1]) as u64,
+                fingerprint: text(&a[2]),
+                status: int(&a[3]) as u64,
+                body: bytes(&a[4]),
+                headers: byte_list(&a[5]),
+                created_at: int(&a[6]) as u64,
+                completed_at: int(&a[7]) as u64,
+                expires_at: int(&a[8]) as u64,
+            }
+        })
+        .collect()
+}
+
+/// IDEM.MIRROR.PULL with optional CLAIM / BLOCK.
+pub fn pull(
+    con: &mut Connection,
+    count: u64,
+    claim: Option<u64>,
+    block: Option<u64>,
+) -> Vec<Pulled> {
+    let mut c = redis::cmd("IDEM.MIRROR.PULL");
+    c.arg(count);
+    if let Some(ms) = claim {
+        c.arg("CLAIM").arg(ms);
+    }
+    if let Some(ms) = block {
+        c.arg("BLOCK").arg(ms);
+    }
+    let v: Value = c.query(con).unwrap_or_else(|e| panic!("PULL: {e}"));
+    parse_pull(&v)
+}
+
+/// Sorted keys of a PULL reply, as strings.
+pub fn pulled_keys(p: &[Pulled]) -> Vec<String> {
+    let mut k: Vec<String> = p
+        .iter()
+        .map(|e| String::from_utf8(e.key.clone()).unwrap())
+        .collect();
+    k.sort();
+    k
+}
+
+/// Starts a replica of `primary` and waits for the initial sync.
+pub fn start_replica(primary: &RedisServer) -> RedisServer {
+    let replica = RedisServer::start();
+    let mut c = replica.conn();
+    ok(
+        &mut c,
+        &["REPLICAOF", "127.0.0.1", &primary.port.to_string()],
+    );
+    wait_link_up(&mut c);
+    replica
+}
+
+pub fn wait_link_up(c: &mut Connection) {
+    let up = eventually(Duration::from_secs(20), || {
+        let i = info(c, "replication");
+        i.get("master_link_status").map(String::as_str) == Some("up")
+            && i.get("master_sync_in_progress").map(String::as_str) == Some("0")
+    });
+    assert!(up, "replica never synced: {:?}", info(c, "replication"));
+}
+
+/// `WAIT 1 5000` on the primary: the replica has applied everything so far.
+pub fn sync_replica(primary: &mut Connection) {
+    let n = int(&ok(primary, &["WAIT", "1", "5000"]));
+    assert_eq!(n, 1, "replica did not acknowledge in time");
+}
+
+/// Waits for a background rewrite or save to finish.
+pub fn wait_persistence_idle(con: &mut Connection) {
+    let idle = eventually(Duration::from_secs(20), || {
+        let i = info(con, "persistence");
+        [
+            "aof_rewrite_in_progress",
+            "aof_rewrite_scheduled",
+            "rdb_bgsave_in_progress",
+        ]
+        .iter()
+        .all(|f| i.get(*f).map_or(true, |v| v == "0"))
+    });
+    assert!(idle, "background persistence never finished");
+}

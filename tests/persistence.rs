@@ -1,0 +1,323 @@
+//! Records survive DEBUG RELOAD, RDB save + restart, AOF (with and without a
+//! rewrite, with and without the RDB preamble) + restart, and DUMP/RESTORE to
+//! another key and another server: identical via IDEM.GET, expiry and
+//! DEBUG DIGEST; and MEMORY USAGE is plausible and grows with the body.
+
+mod common;
+
+use common::*;
+use idem_testkit::{RedisConfig, RedisServer};
+use redis::{Connection, Value};
+
+const KEYS: [&str; 7] = [
+    "inprog", "taken", "done", "mirrored", "acked", "big", "lapsed",
+];
+
+/// Records in every state: in progress, taken over, completed with headers
+/// and a binary body, completed from Postgres, acknowledged, a large body,
+/// and an in-progress record whose lease lapsed without a takeover.
+fn populate(c: &mut Connection) {
+    begin_lease(c, "inprog", "fp-a", 3600, 600_000).token();
+
+    let old = begin_lease(c, "taken", "fp-b", 3600, 10).token();
+    sleep_ms(20);
+    assert!(begin_lease(c, "taken", "fp-b", 3600, 600_000).token() > old);
+
+    let t = begin(c, "done", "fp-c", 3600).token();
+    let body: Vec<u8> = (0..=255u8).collect();
+    complete(
+        c,
+        "done",
+        t,
+        201,
+        &body,
+        &[("content-type", "application/octet-stream"), ("x", "")],
+    );
+
+    let t = begin(c, "mirrored", "fp-d", 3600).token();
+    complete_mirrored(c, "mirrored", t, 200, b"from postgres");
+
+    let t = completed(c, "acked", "fp-e", 3600, b"acked body");
+    assert_eq!(ack(c, "acked", t), 1);
+
+    let t = begin(c, "big", "fp-f", 3600).token();
+    complete(c, "big", t, 200, &vec![7u8; 200_000], &[]);
+
+    begin_lease(c, "lapsed", "fp-g", 3600, 1).token();
+    sleep_ms(5);
+}
+
+type Snapshot = (String, Vec<(Option<Rec>, i64)>);
+
+fn snapshot(c: &mut Connection) -> Snapshot {
+    let recs = KEYS
+        .iter()
+        .map(|k| (get(c, k), pexpiretime(c, k)))
+        .collect::<Vec<_>>();
+    (digest(c), recs)
+}
+
+/// After a reload the records behave as before.
+fn still_works(c: &mut Connection, snap: &Snapshot) {
+    assert!(
+        snap.1.iter().all(|(r, exp)| r.is_some() && *exp > 0),
+        "{snap:?}"
+    );
+    assert!(matches!(
+        begin(c, "inprog", "fp-a", 60),
+        Outcome::InFlight(_)
+    ));
+    assert!(matches!(
+        begin(c, "taken", "fp-b", 60),
+        Outcome::InFlight(_)
+    ));
+    assert_eq!(
+        begin(c, "done", "fp-c", 60),
+        Outcome::Replay {
+            status: 201,
+            body: (0..=255u8).collect(),
+            headers: flat_headers(&[("content-type", "application/octet-stream"), ("x", "")]),
+        }
+    );
+    assert_eq!(begin(c, "mirrored", "other", 60), Outcome::Mismatch);
+    // The lapsed lease is taken over with a larger token than any stored.
+    let max_stored = snap
+        .1
+        .iter()
+        .filter_map(|(r, _)| r.as_ref())
+        .map(|r| r.token)
+        .max()
+        .unwrap();
+    let t = begin(c, "lapsed", "fp-g", 60).token();
+    assert!(t > max_stored, "{t} > {max_stored}");
+    // The taken-over holder is still the only one that can complete.
+    let taken = snap.1[1].0.as_ref().unwrap().token;
+    complete(c, "taken", taken, 200, b"after reload", &[]);
+}
+
+#[test]
+fn debug_reload() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    populate(&mut c);
+    let before = snapshot(&mut c);
+    assert_eq!(ok(&mut c, &["DEBUG", "RELOAD"]), Value::Okay);
+    assert_eq!(snapshot(&mut c), before);
+    still_works(&mut c, &before);
+}
+
+#[test]
+fn rdb_save_and_restart() {
+    let mut s = RedisServer::start();
+    let mut c = s.conn();
+    populate(&mut c);
+    let before = snapshot(&mut c);
+    assert_eq!(ok(&mut c, &["SAVE"]), Value::Okay);
+    // Changes after the save are lost on a crash, as RDB promises.
+    begin(&mut c, "after-save", "fp", 60).token();
+    s.kill();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(snapshot(&mut c), before);
+    assert_eq!(get(&mut c, "after-save"), None);
+    still_works(&mut c, &before);
+}
+
+#[test]
+fn rdb_bgsave_and_restart() {
+    let mut s = RedisServer::start();
+    let mut c = s.conn();
+    populate(&mut c);
+    let before = snapshot(&mut c);
+    ok(&mut c, &["BGSAVE"]);
+    wait_persistence_idle(&mut c);
+    assert_eq!(info(&mut c, "persistence")["rdb_last_bgsave_status"], "ok");
+    s.kill();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(snapshot(&mut c), before);
+    still_works(&mut c, &before);
+}
+
+#[test]
+fn aof_without_rewrite_and_restart() {
+    let mut s = RedisConfig::default().aof_always().start();
+    let mut c = s.conn();
+    populate(&mut c);
+    // An abort and a touch are in the log too.
+    let t = begin(&mut c, "aborted", "fp", 60).token();
+    assert_eq!(abort(&mut c, "aborted", t), 1);
+    let t = begin_lease(&mut c, "inprog2", "fp", 3600, 100).token();
+    assert_eq!(touch(&mut c, "inprog2", t, 600_000), 600_000);
+    let touched = get_rec(&mut c, "inprog2");
+    let before = snapshot(&mut c);
+    // Replaying later must not re-decide: wait so the clock differs.
+    sleep_ms(50);
+    s.kill();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(snapshot(&mut c), before);
+    assert_eq!(get(&mut c, "aborted"), None);
+    assert_eq!(get_rec(&mut c, "inprog2"), touched);
+    still_works(&mut c, &before);
+}
+
+fn aof_rewrite_restart(preamble: &str) {
+    let mut s = RedisConfig::default()
+        .aof_always()
+        .server_arg("aof-use-rdb-preamble", preamble)
+        .start();
+    let mut c = s.conn();
+    populate(&mut c);
+    ok(&mut c, &["BGREWRITEAOF"]);
+    wait_persistence_idle(&mut c);
+    assert_eq!(
+        info(&mut c, "persistence")["aof_last_bgrewrite_status"],
+        "ok"
+    );
+    // More changes after the rewrite land in the incremental file.
+    let t = begin(&mut c, "after", "fp", 3600).token();
+    complete(&mut c, "after", t, 200, b"after rewrite", &[]);
+    let after = get_rec(&mut c, "after");
+    let before = snapshot(&mut c);
+    sleep_ms(20);
+    s.kill();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(snapshot(&mut c), before);
+    assert_eq!(get_rec(&mut c, "after"), after);
+    still_works(&mut c, &before);
+
+    // A rewrite of the reloaded data, and another restart, still agree.
+    let before = (snapshot(&mut c), get_rec(&mut c, "after"));
+    ok(&mut c, &["BGREWRITEAOF"]);
+    wait_persistence_idle(&mut c);
+    s.kill();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!((snapshot(&mut c), get_rec(&mut c, "after")), before);
+}
+
+#[test]
+fn aof_rewrite_with_rdb_preamble_and_restart() {
+    aof_rewrite_restart("yes");
+}
+
+#[test]
+fn aof_rewrite_without_rdb_preamble_and_restart() {
+    aof_rewrite_restart("no");
+}
+
+fn dump(c: &mut Connection, key: &str) -> Vec<u8> {
+    bytes(&ok(c, &["DUMP", key]))
+}
+
+fn restore(c: &mut Connection, key: &str, abs_expiry: i64, payload: &[u8], replace: bool) {
+    let mut cmd = redis::cmd("RESTORE");
+    cmd.arg(key).arg(abs_expiry).arg(payload).arg("ABSTTL");
+    if replace {
+        cmd.arg("REPLACE");
+    }
+    let v: Value = cmd
+        .query(c)
+        .unwrap_or_else(|e| panic!("RESTORE {key}: {e}"));
+    assert_eq!(v, Value::Okay);
+}
+
+#[test]
+fn dump_restore_to_another_key_and_server() {
+    let s = RedisServer::start();
+    let other = RedisServer::start();
+    let mut c = s.conn();
+    let mut o = other.conn();
+    populate(&mut c);
+    for key in KEYS {
+        let rec = get_rec(&mut c, key);
+        let exp = pexpiretime(&mut c, key);
+        let payload = dump(&mut c, key);
+
+        let copy = format!("{key}-copy");
+        restore(&mut c, &copy, exp, &payload, false);
+        assert_eq!(get_rec(&mut c, &copy), rec, "{key}");
+        assert_eq!(pexpiretime(&mut c, &copy), exp);
+
+        restore(&mut o, key, exp, &payload, false);
+        assert_eq!(get_rec(&mut o, key), rec, "{key} on another server");
+        assert_eq!(pexpiretime(&mut o, key), exp);
+        assert_eq!(
+            ok(&mut o, &["DEBUG", "DIGEST-VALUE", key]),
+            ok(&mut c, &["DEBUG", "DIGEST-VALUE", key]),
+            "{key} value digest"
+        );
+    }
+    // Same dataset on both servers after the copies are removed.
+    for key in KEYS {
+        ok(&mut c, &["DEL", &format!("{key}-copy")]);
+    }
+    assert_eq!(digest(&mut o), digest(&mut c));
+
+    // RESTORE refuses to overwrite without REPLACE, and replaces with it.
+    let payload = dump(&mut c, "done");
+    let exp = pexpiretime(&mut c, "done");
+    let mut cmd = redis::cmd("RESTORE");
+    cmd.arg("inprog").arg(0).arg(&payload[..]);
+    let e = cmd.query::<Value>(&mut c).unwrap_err();
+    assert_eq!(e.code(), Some("BUSYKEY"));
+    restore(&mut c, "inprog", exp, &payload, true);
+    assert_eq!(get_rec(&mut c, "inprog"), get_rec(&mut c, "done"));
+
+    // Restored records work: replay, and the holder of a restored
+    // in-progress record can complete on the other server.
+    assert!(matches!(
+        begin(&mut o, "done", "fp-c", 60),
+        Outcome::Replay { status: 201, .. }
+    ));
+    let holder = get_rec(&mut o, "taken").token;
+    complete(&mut o, "taken", holder, 200, b"moved", &[]);
+    // A corrupted payload is refused and creates nothing.
+    let mut bad = dump(&mut c, "done");
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0xff;
+    let mut cmd = redis::cmd("RESTORE");
+    cmd.arg("corrupt").arg(0).arg(&bad[..]);
+    assert!(cmd.query::<Value>(&mut c).is_err());
+    assert_eq!(get(&mut c, "corrupt"), None);
+}
+
+fn memory_usage(c: &mut Connection, key: &str) -> i64 {
+    int(&ok(c, &["MEMORY", "USAGE", key, "SAMPLES", "0"]))
+}
+
+#[test]
+fn memory_usage_is_plausible_and_grows_with_the_body() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    let key = "0123456789abcdef0123456789abcdef0123"; // 36 bytes
+    let t = begin(&mut c, key, "fp", 3600).token();
+    let in_progress = memory_usage(&mut c, key);
+    complete(&mut c, key, t, 200, &[b'x'; 256], &[]);
+    let small = memory_usage(&mut c, key);
+    assert!(
+        (256 + 36..256 + 36 + 512).contains(&small),
+        "MEMORY USAGE of a 256-byte record: {small}"
+    );
+    assert!(
+        in_progress < small && in_progress >= 36,
+        "in progress {in_progress}"
+    );
+
+    let t = begin(&mut c, "large", "fp", 3600).token();
+    complete(
+        &mut c,
+        "large",
+        t,
+        200,
+        &vec![b'x'; 65_536],
+        &[("h", &"v".repeat(1000))],
+    );
+    let large = memory_usage(&mut c, "large");
+    assert!(
+        (65_536 + 1001..65_536 + 1001 + 4096).contains(&large),
+        "MEMORY USAGE of a 64 KiB record: {large}"
+    );
+}
