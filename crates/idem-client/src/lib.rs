@@ -1,1 +1,22 @@
-//! placeholder
+//! Client for the idem Redis module: the IDEM.* commands over redis-rs
+//! (standalone and cluster), request fingerprints (with RFC 8785 JSON
+//! canonicalization), read-through from the Postgres mirror, and a tower/axum
+//! `Idempotency-Key` middleware.
+
+pub mod canonical_json;
+mod client;
+mod error;
+pub mod fingerprint;
+pub mod middleware;
+mod outcome;
+mod read_through;
+mod reply;
+mod wait_connections;
+
+pub use client::{IdemClient, DEFAULT_CALL_TIMEOUT};
+pub use error::IdemError;
+pub use fingerprint::{Fingerprint, Fingerprinter};
+pub use middleware::{Idempotency, IdempotencyLayer};
+pub use outcome::{BeginOptions, Origin, Outcome, StoredResponse};
+pub use read_through::{MirroredRecord, ReadThrough};
+pub use wait_connections::{DedicatedConnections, WaitConnections, DEFAULT_MAX_IDLE};

@@ -1,0 +1,248 @@
+//! `IdemClient`: the IDEM.* commands over any async redis-rs connection
+//! (multiplexed, connection manager, cluster), each call bounded by a timeout.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Value};
+
+use crate::reply::{parse_abort, parse_begin, parse_ok, parse_touch};
+use crate::wait_connections::{DedicatedConnections, WaitConnections};
+use crate::{BeginOptions, IdemError, Origin, Outcome, StoredResponse};
+
+/// Default bound on one non-blocking call.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Async client for the idem module. Cheap to clone; clones share the
+/// connection.
+#[derive(Clone)]
+pub struct IdemClient<C> {
+    conn: C,
+    wait_connections: Option<Arc<dyn WaitConnections>>,
+    call_timeout: Duration,
+}
+
+impl<C> std::fmt::Debug for IdemClient<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdemClient")
+            .field("call_timeout", &self.call_timeout)
+            .field("can_wait", &self.wait_connections.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdemClient<ConnectionManager> {
+    /// A client for one Redis server: a reconnecting `ConnectionManager` for
+    /// the ordinary calls and dedicated connections for `WAIT`.
+    pub async fn standalone(client: redis::Client) -> Result<Self, IdemError> {
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_number_of_retries(2)
+            .set_max_delay(1000)
+            .set_connection_timeout(DEFAULT_CALL_TIMEOUT)
+            .set_response_timeout(DEFAULT_CALL_TIMEOUT);
+        let manager = ConnectionManager::new_with_config(client.clone(), config).await?;
+        let wait = DedicatedConnections::standalone(client);
+        Ok(IdemClient::new(manager).with_wait_connections(Arc::new(wait)))
+    }
+}
+
+impl IdemClient<ClusterConnection> {
+    /// A client for a Redis Cluster: one cluster connection for the ordinary
+    /// calls and dedicated cluster connections for `WAIT`.
+    pub async fn cluster(client: redis::cluster::ClusterClient) -> Result<Self, IdemError> {
+        let conn = client.get_async_connection().await?;
+        let wait = DedicatedConnections::cluster(client);
+        Ok(IdemClient::new(conn).with_wait_connections(Arc::new(wait)))
+    }
+}
+
+impl<C> IdemClient<C> {
+    /// Wraps an existing connection. Without `with_wait_connections`, a
+    /// `begin` with `wait` fails with `NoWaitConnections`: a blocked command
+    /// would stall every other command sharing this connection.
+    pub fn new(conn: C) -> Self {
+        IdemClient {
+            conn,
+            wait_connections: None,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+        }
+    }
+
+    /// Connections used only for blocking `IDEM.BEGIN ... WAIT` calls.
+    pub fn with_wait_connections(mut self, wait: Arc<dyn WaitConnections>) -> Self {
+        self.wait_connections = Some(wait);
+        self
+    }
+
+    /// Bound on each non-blocking call (default 2 s); past it the call fails
+    /// with `IdemError::Unavailable`.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    pub fn can_wait(&self) -> bool {
+        self.wait_connections.is_some()
+    }
+}
+
+impl<C> IdemClient<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// `IDEM.BEGIN`. With `options.wait`, a first non-blocking BEGIN runs on
+    /// the shared connection; only when it answers `in_flight` does a second,
+    /// blocking one run on a dedicated connection.
+    pub async fn begin(
+        &self,
+        key: &str,
+        fingerprint: &[u8],
+        options: BeginOptions,
+    ) -> Result<Outcome, IdemError> {
+        let wait = options.wait.filter(|w| !w.is_zero());
+        let wait_connections = match wait {
+            Some(_) => Some(
+                self.wait_connections
+                    .as_ref()
+                    .ok_or(IdemError::NoWaitConnections)?,
+            ),
+            None => None,
+        };
+        let first = parse_begin(
+            self.query(begin_cmd(key, fingerprint, options, None))
+                .await?,
+        )?;
+        match (first, wait, wait_connections) {
+            (Outcome::InFlight { .. }, Some(wait), Some(connections)) => {
+                let cmd = begin_cmd(key, fingerprint, options, Some(wait));
+                parse_begin(connections.query(cmd, wait + self.call_timeout).await?)
+            }
+            (outcome, _, _) => Ok(outcome),
+        }
+    }
+
+    /// `IDEM.COMPLETE`: stores the response for the holder of `token`.
+    pub async fn complete(
+        &self,
+        key: &str,
+        token: u64,
+        response: &StoredResponse,
+        origin: Origin,
+    ) -> Result<(), IdemError> {
+        let mut cmd = redis::cmd("IDEM.COMPLETE");
+        cmd.arg(key)
+            .arg(token)
+            .arg(response.status)
+            .arg(response.body.as_ref());
+        for (name, value) in &response.headers {
+            cmd.arg("HEADER").arg(name.as_str()).arg(value.as_ref());
+        }
+        if origin == Origin::Mirror {
+            cmd.arg("MIRRORED");
+        }
+        parse_ok(self.query(cmd).await?)
+    }
+
+    /// `IDEM.ABORT`: releases the key. `false` when `token` no longer holds
+    /// an in-progress record (taken over, completed or gone).
+    pub async fn abort(&self, key: &str, token: u64) -> Result<bool, IdemError> {
+        let mut cmd = redis::cmd("IDEM.ABORT");
+        cmd.arg(key).arg(token);
+        parse_abort(self.query(cmd).await?)
+    }
+
+    /// `IDEM.TOUCH`: extends the holder's lease to now + `lease`; answers the
+    /// remaining lease.
+    pub async fn touch(
+        &self,
+        key: &str,
+        token: u64,
+        lease: Duration,
+    ) -> Result<Duration, IdemError> {
+        let mut cmd = redis::cmd("IDEM.TOUCH");
+        cmd.arg(key).arg(token).arg(millis(lease));
+        parse_touch(self.query(cmd).await?)
+    }
+
+    async fn query(&self, cmd: Cmd) -> Result<Value, IdemError> {
+        let mut conn = self.conn.clone();
+        bounded(self.call_timeout, async move {
+            cmd.query_async(&mut conn).await
+        })
+        .await
+    }
+}
+
+/// Runs `call` for at most `timeout`; a timeout is `Unavailable`.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, IdemError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result.map_err(IdemError::from),
+        Err(_) => Err(IdemError::timeout(timeout)),
+    }
+}
+
+fn begin_cmd(key: &str, fingerprint: &[u8], options: BeginOptions, wait: Option<Duration>) -> Cmd {
+    let mut cmd = redis::cmd("IDEM.BEGIN");
+    cmd.arg(key).arg(fingerprint).arg(ttl_seconds(options.ttl));
+    if let Some(lease) = options.lease {
+        cmd.arg("LEASE").arg(millis(lease));
+    }
+    if let Some(wait) = wait {
+        cmd.arg("WAIT").arg(millis(wait));
+    }
+    cmd
+}
+
+/// Whole seconds, rounded up, at least 1.
+fn ttl_seconds(ttl: Duration) -> u64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// Whole milliseconds, at least 1.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_seconds(Duration::ZERO), 1);
+        assert_eq!(ttl_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(ttl_seconds(Duration::from_secs(86400)), 86400);
+    }
+
+    #[test]
+    fn begin_command_carries_lease_and_wait() {
+        let opts = BeginOptions::new(Duration::from_secs(60)).lease(Duration::from_millis(250));
+        let cmd = begin_cmd("k", b"fp", opts, Some(Duration::from_millis(40)));
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                redis::Arg::Cursor => Vec::new(),
+            })
+            .collect();
+        let expected: Vec<&[u8]> = vec![
+            b"IDEM.BEGIN",
+            b"k",
+            b"fp",
+            b"60",
+            b"LEASE",
+            b"250",
+            b"WAIT",
+            b"40",
+        ];
+        assert_eq!(args, expected);
+    }
+}

@@ -1,0 +1,170 @@
+//! Typed errors: one variant per module error code, plus "the store is
+//! unreachable" (connection, timeout, cluster unavailability) and Postgres.
+
+use std::time::Duration;
+
+/// Everything a call to the module (or the read-through mirror) can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum IdemError {
+    /// `BADARG`: malformed or out-of-range argument.
+    #[error("BADARG: {0}")]
+    BadArg(String),
+    /// `STALE`: the token is no longer the holder's (the key was taken over).
+    #[error("STALE: {0}")]
+    Stale(String),
+    /// `NOTFOUND`: no record under the key.
+    #[error("NOTFOUND: {0}")]
+    NotFound(String),
+    /// `COMPLETED`: the record is completed and can no longer change.
+    #[error("COMPLETED: {0}")]
+    Completed(String),
+    /// `TOOLARGE`: body plus headers exceed the module's `max-body-bytes`.
+    #[error("TOOLARGE: {0}")]
+    TooLarge(String),
+    /// `WRONGTYPE`: the key holds a value that is not an idem record.
+    #[error("WRONGTYPE: {0}")]
+    WrongType(String),
+    /// `INTERNAL`: the module caught a bug at its command boundary.
+    #[error("INTERNAL: {0}")]
+    Internal(String),
+    /// Redis could not be reached or did not answer in time (I/O, timeout,
+    /// cluster down, loading). Nothing is known about the command's effect.
+    #[error("redis unavailable: {0}")]
+    Unavailable(String),
+    /// Any other Redis error (an unknown error code, authentication, ...).
+    #[error("redis error: {0}")]
+    Redis(redis::RedisError),
+    /// The module answered something this client does not understand.
+    #[error("unexpected reply from the idem module: {0}")]
+    UnexpectedReply(String),
+    /// A `WAIT` was asked for but the client has no dedicated connections for
+    /// blocking calls (see `IdemClient::with_wait_connections`).
+    #[error("waiting needs dedicated connections; none are configured")]
+    NoWaitConnections,
+    /// The Postgres mirror could not be read (read-through).
+    #[error("postgres mirror unavailable: {0}")]
+    Postgres(String),
+}
+
+impl IdemError {
+    /// True when the failure says nothing about the record: the store (Redis or
+    /// the Postgres mirror) was unreachable or slow. The middleware answers 503
+    /// for these (or runs the handler when configured fail-open).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, IdemError::Unavailable(_) | IdemError::Postgres(_))
+    }
+
+    pub(crate) fn timeout(after: Duration) -> Self {
+        IdemError::Unavailable(format!("no answer within {} ms", after.as_millis()))
+    }
+}
+
+impl From<redis::RedisError> for IdemError {
+    fn from(err: redis::RedisError) -> Self {
+        let detail = || err.detail().unwrap_or_default().to_string();
+        match err.code() {
+            Some("BADARG") => return IdemError::BadArg(detail()),
+            Some("STALE") => return IdemError::Stale(detail()),
+            Some("NOTFOUND") => return IdemError::NotFound(detail()),
+            Some("COMPLETED") => return IdemError::Completed(detail()),
+            Some("TOOLARGE") => return IdemError::TooLarge(detail()),
+            Some("WRONGTYPE") => return IdemError::WrongType(detail()),
+            Some("INTERNAL") => return IdemError::Internal(detail()),
+            _ => {}
+        }
+        if is_unavailability(&err) {
+            IdemError::Unavailable(err.to_string())
+        } else {
+            IdemError::Redis(err)
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for IdemError {
+    fn from(err: deadpool_postgres::PoolError) -> Self {
+        IdemError::Postgres(err.to_string())
+    }
+}
+
+impl From<tokio_postgres::Error> for IdemError {
+    fn from(err: tokio_postgres::Error) -> Self {
+        IdemError::Postgres(err.to_string())
+    }
+}
+
+fn is_unavailability(err: &redis::RedisError) -> bool {
+    use redis::ErrorKind;
+    err.is_io_error()
+        || err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_unrecoverable_error()
+        || matches!(
+            err.kind(),
+            ErrorKind::ClusterDown
+                | ErrorKind::MasterDown
+                | ErrorKind::TryAgain
+                | ErrorKind::BusyLoadingError
+                | ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::ReadOnly
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: &str, detail: &str) -> redis::RedisError {
+        let wire = format!("-{code} {detail}\r\n");
+        match redis::parse_redis_value(wire.as_bytes()).and_then(|v| v.extract_error()) {
+            Err(err) => err,
+            Ok(value) => panic!("{wire:?} parsed as a value: {value:?}"),
+        }
+    }
+
+    #[test]
+    fn module_codes_map_to_variants() {
+        assert!(
+            matches!(IdemError::from(server_error("STALE", "t")), IdemError::Stale(d) if d == "t")
+        );
+        assert!(matches!(
+            IdemError::from(server_error("NOTFOUND", "")),
+            IdemError::NotFound(_)
+        ));
+        assert!(matches!(
+            IdemError::from(server_error("COMPLETED", "")),
+            IdemError::Completed(_)
+        ));
+        assert!(matches!(
+            IdemError::from(server_error("TOOLARGE", "")),
+            IdemError::TooLarge(_)
+        ));
+        assert!(matches!(
+            IdemError::from(server_error("INTERNAL", "")),
+            IdemError::Internal(_)
+        ));
+        assert!(matches!(
+            IdemError::from(server_error("NOPE", "")),
+            IdemError::Redis(_)
+        ));
+    }
+
+    #[test]
+    fn io_errors_are_unavailability() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = IdemError::from(redis::RedisError::from(io));
+        assert!(err.is_unavailable(), "{err:?}");
+    }
+
+    #[test]
+    fn busy_loading_is_unavailability() {
+        let err = redis::RedisError::from((redis::ErrorKind::BusyLoadingError, "loading"));
+        assert!(IdemError::from(err).is_unavailable());
+    }
+
+    #[test]
+    fn client_errors_are_not_unavailability() {
+        let err = IdemError::from(server_error("BADARG", "x"));
+        assert!(!err.is_unavailable());
+    }
+}

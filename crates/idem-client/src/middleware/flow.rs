@@ -1,0 +1,276 @@
+//! The idempotency flow for one request that carries a key: buffer and
+//! fingerprint the request, BEGIN, then answer 409/422/replay, or run the
+//! handler (in its own task, so a client hanging up cannot cut it short),
+//! keep the lease alive meanwhile, and COMPLETE or ABORT.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{response, Request, Response};
+use http_body::Body;
+use redis::aio::ConnectionLike;
+use tokio::time::{interval_at, Instant, MissedTickBehavior};
+use tower::{Service, ServiceExt};
+
+use super::body::{collect_limited, BoxError, Collected, IdemBody};
+use super::key::redis_key;
+use super::layer::Config;
+use super::problem::{replay_response, Problem};
+use crate::{BeginOptions, Fingerprint, IdemError, Origin, Outcome, StoredResponse};
+
+/// Attempts of a COMPLETE that fails because Redis is unreachable.
+const COMPLETE_ATTEMPTS: u32 = 3;
+
+pub(crate) async fn handle<S, C, ReqBody, ResBody>(
+    config: Arc<Config<C>>,
+    inner: S,
+    request: Request<ReqBody>,
+    key: String,
+) -> Result<Response<IdemBody<ResBody>>, S::Error>
+where
+    S: Service<Request<IdemBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let (parts, body) = request.into_parts();
+    let body = match collect_limited(body, config.max_request_body).await {
+        Ok(Collected::Complete(body)) => body,
+        Ok(Collected::Overflow { .. }) => return Ok(Problem::RequestTooLarge.into_response()),
+        Err(err) => {
+            tracing::debug!(error = %err, "request body could not be read");
+            return Ok(Problem::UnreadableRequest.into_response());
+        }
+    };
+    let tenant = config
+        .tenant
+        .as_ref()
+        .and_then(|tenant| tenant(&parts))
+        .unwrap_or_default();
+    let key = redis_key(&config.key_prefix, &tenant, &key);
+    let fingerprint =
+        config
+            .fingerprinter
+            .fingerprint(&parts.method, &parts.uri, &parts.headers, &body);
+    let request = Request::from_parts(parts, IdemBody::full(body));
+
+    match begin(&config, &key, &fingerprint).await {
+        Ok(Outcome::New { token }) => run_new(config, inner, request, key, token).await,
+        Ok(Outcome::InFlight { retry_after }) => {
+            Ok(Problem::InFlight { retry_after }.into_response())
+        }
+        Ok(Outcome::Replay(stored)) => Ok(replay_response(stored)),
+        Ok(Outcome::Mismatch) => Ok(Problem::Mismatch.into_response()),
+        Err(err) if err.is_unavailable() && config.fail_open => {
+            tracing::warn!(error = %err, "idempotency store unavailable; running the request unprotected (fail-open)");
+            let response = inner.oneshot(request).await?;
+            Ok(response.map(IdemBody::inner))
+        }
+        Err(err) if err.is_unavailable() => {
+            tracing::warn!(error = %err, "idempotency store unavailable; answering 503");
+            Ok(Problem::Unavailable.into_response())
+        }
+        Err(err) => {
+            tracing::error!(error = %err, "IDEM.BEGIN failed");
+            Ok(Problem::Internal.into_response())
+        }
+    }
+}
+
+async fn begin<C>(
+    config: &Config<C>,
+    key: &str,
+    fingerprint: &Fingerprint,
+) -> Result<Outcome, IdemError>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let options = BeginOptions {
+        ttl: config.ttl,
+        lease: Some(config.lease),
+        wait: config.wait,
+    };
+    match &config.read_through {
+        Some(read_through) => {
+            read_through
+                .begin(&config.client, key, fingerprint.as_bytes(), options)
+                .await
+        }
+        None => {
+            config
+                .client
+                .begin(key, fingerprint.as_bytes(), options)
+                .await
+        }
+    }
+}
+
+/// Runs the handler in a task of its own and waits for it. A panic in the
+/// handler releases the key and is passed on.
+async fn run_new<S, C, ReqBody, ResBody>(
+    config: Arc<Config<C>>,
+    inner: S,
+    request: Request<IdemBody<ReqBody>>,
+    key: String,
+    token: u64,
+) -> Result<Response<IdemBody<ResBody>>, S::Error>
+where
+    S: Service<Request<IdemBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let task = tokio::spawn(execute(config.clone(), inner, request, key.clone(), token));
+    match task.await {
+        Ok(result) => result,
+        Err(join_error) => {
+            release(&config, &key, token).await;
+            if join_error.is_panic() {
+                std::panic::resume_unwind(join_error.into_panic());
+            }
+            Ok(Problem::Unavailable.into_response())
+        }
+    }
+}
+
+async fn execute<S, C, ReqBody, ResBody>(
+    config: Arc<Config<C>>,
+    inner: S,
+    request: Request<IdemBody<ReqBody>>,
+    key: String,
+    token: u64,
+) -> Result<Response<IdemBody<ResBody>>, S::Error>
+where
+    S: Service<Request<IdemBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let limit = config.max_response_body;
+    let work = async move {
+        let response = inner.oneshot(request).await?;
+        let (parts, body) = response.into_parts();
+        Ok((parts, collect_limited(body, limit).await))
+    };
+    let (parts, collected) = match keep_lease(&config, &key, token, work).await {
+        Ok(done) => done,
+        Err(err) => {
+            release(&config, &key, token).await;
+            return Err(err);
+        }
+    };
+    match collected {
+        Ok(Collected::Complete(body)) => {
+            if (config.store_policy)(parts.status) {
+                store(&config, &key, token, &parts, &body).await;
+            } else {
+                release(&config, &key, token).await;
+            }
+            Ok(Response::from_parts(parts, IdemBody::full(body)))
+        }
+        Ok(Collected::Overflow { prefix, rest }) => {
+            tracing::warn!(
+                key,
+                limit,
+                "response larger than max_response_body: sent but not stored, key released"
+            );
+            release(&config, &key, token).await;
+            Ok(Response::from_parts(parts, IdemBody::resumed(prefix, rest)))
+        }
+        Err(err) => {
+            tracing::warn!(key, error = %err, "response body failed; key released");
+            release(&config, &key, token).await;
+            Ok(Problem::Internal.into_response())
+        }
+    }
+}
+
+/// Awaits `work` while renewing the lease every third of it. Renewal stops
+/// for good when the module says the key is no longer ours.
+async fn keep_lease<C, F: Future>(config: &Config<C>, key: &str, token: u64, work: F) -> F::Output
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let lease = config.lease;
+    let every = (lease / 3).max(Duration::from_millis(10));
+    let renew = async {
+        let mut ticker = interval_at(Instant::now() + every, every);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            match config.client.touch(key, token, lease).await {
+                Ok(_) => {}
+                Err(
+                    err @ (IdemError::Stale(_) | IdemError::NotFound(_) | IdemError::Completed(_)),
+                ) => {
+                    tracing::warn!(key, error = %err, "lease lost while the handler runs");
+                    return;
+                }
+                Err(err) => tracing::warn!(key, error = %err, "lease renewal failed; retrying"),
+            }
+        }
+    };
+    tokio::pin!(work);
+    tokio::select! {
+        output = &mut work => output,
+        () = renew => work.await,
+    }
+}
+
+async fn store<C>(config: &Config<C>, key: &str, token: u64, parts: &response::Parts, body: &Bytes)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut stored = StoredResponse::new(parts.status.as_u16(), body.clone());
+    for name in &config.stored_headers {
+        for value in parts.headers.get_all(name) {
+            stored = stored.with_header(name.as_str(), Bytes::copy_from_slice(value.as_bytes()));
+        }
+    }
+    let mut attempt = 1;
+    loop {
+        match config
+            .client
+            .complete(key, token, &stored, Origin::Handler)
+            .await
+        {
+            Ok(()) => return,
+            Err(err) if err.is_unavailable() && attempt < COMPLETE_ATTEMPTS => {
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            Err(err @ IdemError::Stale(_)) => {
+                tracing::error!(key, error = %err, "lease lost before COMPLETE: the key was taken over");
+                return;
+            }
+            Err(err) if err.is_unavailable() => {
+                tracing::error!(key, error = %err, "COMPLETE failed: the response is sent but not stored");
+                return;
+            }
+            Err(err) => {
+                tracing::error!(key, error = %err, "COMPLETE refused: the response is sent but not stored; key released");
+                release(config, key, token).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn release<C>(config: &Config<C>, key: &str, token: u64)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    if let Err(err) = config.client.abort(key, token).await {
+        tracing::warn!(key, error = %err, "ABORT failed; the key frees itself when its lease lapses");
+    }
+}

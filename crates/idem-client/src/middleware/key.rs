@@ -1,0 +1,197 @@
+//! The `Idempotency-Key` header (a structured-field string such as `"abc"`,
+//! or a bare token such as `abc`) and the Redis key derived from it and the
+//! tenant.
+
+use http::HeaderValue;
+
+/// Longest key accepted, in bytes (after unquoting).
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// Why an `Idempotency-Key` value was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyError {
+    Empty,
+    TooLong,
+    Malformed,
+    Repeated,
+}
+
+impl KeyError {
+    pub fn detail(&self) -> &'static str {
+        match self {
+            KeyError::Empty => "the Idempotency-Key header is empty",
+            KeyError::TooLong => "the Idempotency-Key header is longer than 255 bytes",
+            KeyError::Malformed => {
+                "the Idempotency-Key header must be a structured-field string (\"...\") or a token"
+            }
+            KeyError::Repeated => "the Idempotency-Key header appears more than once",
+        }
+    }
+}
+
+/// Parses every value of the header; exactly one must be present.
+pub fn parse_key<'a>(
+    mut values: impl Iterator<Item = &'a HeaderValue>,
+) -> Result<Option<String>, KeyError> {
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    parse_value(first.as_bytes()).map(Some)
+}
+
+/// One header value: `"sf-string"` (with `\"` and `\\` escapes) or a bare
+/// run of visible ASCII without quotes, commas or semicolons.
+pub fn parse_value(raw: &[u8]) -> Result<String, KeyError> {
+    let value = trim_ows(raw);
+    let key = match value.first() {
+        Some(b'"') => unquote(value)?,
+        Some(_) => bare(value)?,
+        None => return Err(KeyError::Empty),
+    };
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(KeyError::TooLong);
+    }
+    Ok(key)
+}
+
+fn trim_ows(raw: &[u8]) -> &[u8] {
+    let start = raw
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t'))
+        .unwrap_or(raw.len());
+    let end = raw
+        .iter()
+        .rposition(|b| !matches!(b, b' ' | b'\t'))
+        .map_or(start, |i| i + 1);
+    &raw[start..end]
+}
+
+fn unquote(value: &[u8]) -> Result<String, KeyError> {
+    let mut out = String::with_capacity(value.len());
+    let mut bytes = value[1..].iter();
+    loop {
+        match bytes.next() {
+            None => return Err(KeyError::Malformed),
+            Some(b'"') => break,
+            Some(b'\\') => match bytes.next() {
+                Some(&c @ (b'"' | b'\\')) => out.push(c as char),
+                _ => return Err(KeyError::Malformed),
+            },
+            Some(&c) if (0x20..=0x7e).contains(&c) => out.push(c as char),
+            Some(_) => return Err(KeyError::Malformed),
+        }
+    }
+    // Nothing may follow the closing quote (no parameters).
+    if bytes.next().is_some() {
+        return Err(KeyError::Malformed);
+    }
+    Ok(out)
+}
+
+fn bare(value: &[u8]) -> Result<String, KeyError> {
+    let ok = value
+        .iter()
+        .all(|&c| (0x21..=0x7e).contains(&c) && !matches!(c, b'"' | b',' | b';' | b'\\'));
+    if !ok {
+        return Err(KeyError::Malformed);
+    }
+    Ok(value.iter().map(|&c| c as char).collect())
+}
+
+/// `prefix{tenant:key}` with `%`, `:`, `{`, `}` and bytes outside visible
+/// ASCII percent-encoded in both parts: distinct (tenant, key) pairs never
+/// share a Redis key, and the hash tag is the whole pair, so a cluster spreads
+/// keys by key, not by tenant.
+pub fn redis_key(prefix: &str, tenant: &str, key: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + tenant.len() + key.len() + 3);
+    out.push_str(prefix);
+    out.push('{');
+    encode_into(&mut out, tenant);
+    out.push(':');
+    encode_into(&mut out, key);
+    out.push('}');
+    out
+}
+
+fn encode_into(out: &mut String, part: &str) {
+    for &b in part.as_bytes() {
+        if (0x21..=0x7e).contains(&b) && !matches!(b, b'%' | b':' | b'{' | b'}') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn accepts_sf_strings_and_bare_tokens() {
+        assert_eq!(parse_value(br#""abc-123""#).unwrap(), "abc-123");
+        assert_eq!(parse_value(b"abc-123").unwrap(), "abc-123");
+        assert_eq!(
+            parse_value(b" 8e03978e-40d5-43e8-bc93-6894a57f9324 ").unwrap(),
+            "8e03978e-40d5-43e8-bc93-6894a57f9324"
+        );
+        assert_eq!(parse_value(br#""a \"q\" \\ b""#).unwrap(), r#"a "q" \ b"#);
+    }
+
+    #[test]
+    fn sf_string_and_bare_token_name_the_same_key() {
+        assert_eq!(
+            parse_value(br#""k1""#).unwrap(),
+            parse_value(b"k1").unwrap()
+        );
+    }
+
+    #[test]
+    fn rejects_empty_long_and_malformed() {
+        assert_eq!(parse_value(b""), Err(KeyError::Empty));
+        assert_eq!(parse_value(b"   "), Err(KeyError::Empty));
+        assert_eq!(parse_value(br#""""#), Err(KeyError::Empty));
+        let long = "k".repeat(256);
+        assert_eq!(parse_value(long.as_bytes()), Err(KeyError::TooLong));
+        assert_eq!(
+            parse_value(format!("\"{long}\"").as_bytes()),
+            Err(KeyError::TooLong)
+        );
+        assert!(parse_value("k".repeat(255).as_bytes()).is_ok());
+        assert_eq!(parse_value(br#""unterminated"#), Err(KeyError::Malformed));
+        assert_eq!(parse_value(br#""a";x=1"#), Err(KeyError::Malformed));
+        assert_eq!(parse_value(br#""bad \n escape""#), Err(KeyError::Malformed));
+        assert_eq!(parse_value(b"two words"), Err(KeyError::Malformed));
+        assert_eq!(parse_value(b"a,b"), Err(KeyError::Malformed));
+    }
+
+    #[test]
+    fn one_header_only() {
+        let (a, b) = (header("a"), header("b"));
+        assert_eq!(parse_key([&a, &b].into_iter()), Err(KeyError::Repeated));
+        assert_eq!(parse_key([&a].into_iter()), Ok(Some("a".into())));
+        assert_eq!(parse_key(std::iter::empty()), Ok(None));
+    }
+
+    #[test]
+    fn redis_keys_are_unambiguous() {
+        assert_eq!(redis_key("idem:", "acct_1", "k"), "idem:{acct_1:k}");
+        assert_ne!(
+            redis_key("idem:", "a:b", "c"),
+            redis_key("idem:", "a", "b:c")
+        );
+        assert_eq!(redis_key("idem:", "a:b", "c"), "idem:{a%3Ab:c}");
+        assert_eq!(redis_key("idem:", "", "{x}"), "idem:{:%7Bx%7D}");
+        assert_eq!(redis_key("idem:", "t é", "k"), "idem:{t%20%C3%A9:k}");
+    }
+}

@@ -1,0 +1,232 @@
+//! `IdempotencyLayer`: the middleware's options, set builder-style, and the
+//! tower `Layer` that wraps a service with them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderName, CONTENT_TYPE, LOCATION};
+use http::request::Parts;
+use http::{Method, StatusCode};
+use tower::Layer;
+
+use super::service::Idempotency;
+use crate::{Fingerprinter, IdemClient, ReadThrough};
+
+type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+type StorePolicyFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// The layer. Options (defaults in brackets) are set with its methods.
+pub struct IdempotencyLayer<C> {
+    pub(crate) config: Config<C>,
+}
+
+impl<C: Clone> Clone for IdempotencyLayer<C> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+pub(crate) struct Config<C> {
+    pub(crate) client: IdemClient<C>,
+    pub(crate) read_through: Option<ReadThrough>,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) header: HeaderName,
+    pub(crate) required: bool,
+    pub(crate) tenant: Option<Arc<TenantFn>>,
+    pub(crate) key_prefix: String,
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_response_body: usize,
+    pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) store_policy: Arc<StorePolicyFn>,
+    pub(crate) fail_open: bool,
+    pub(crate) fingerprinter: Fingerprinter,
+}
+
+impl<C: Clone> Clone for Config<C> {
+    fn clone(&self) -> Self {
+        Config {
+            client: self.client.clone(),
+            read_through: self.read_through.clone(),
+            methods: self.methods.clone(),
+            header: self.header.clone(),
+            required: self.required,
+            tenant: self.tenant.clone(),
+            key_prefix: self.key_prefix.clone(),
+            ttl: self.ttl,
+            lease: self.lease,
+            wait: self.wait,
+            max_request_body: self.max_request_body,
+            max_response_body: self.max_response_body,
+            stored_headers: self.stored_headers.clone(),
+            store_policy: self.store_policy.clone(),
+            fail_open: self.fail_open,
+            fingerprinter: self.fingerprinter.clone(),
+        }
+    }
+}
+
+/// The default store policy: everything but 5xx and 429 is stored; those
+/// release the key so the client can retry.
+pub fn default_store_policy(status: StatusCode) -> bool {
+    !(status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS)
+}
+
+impl<C> IdempotencyLayer<C> {
+    pub fn new(client: IdemClient<C>) -> Self {
+        IdempotencyLayer {
+            config: Config {
+                client,
+                read_through: None,
+                methods: vec![Method::POST, Method::PATCH],
+                header: HeaderName::from_static("idempotency-key"),
+                required: false,
+                tenant: None,
+                key_prefix: "idem:".to_string(),
+                ttl: Duration::from_secs(24 * 3600),
+                lease: Duration::from_secs(30),
+                wait: None,
+                max_request_body: 1 << 20,
+                max_response_body: 1 << 20,
+                stored_headers: vec![CONTENT_TYPE, LOCATION],
+                store_policy: Arc::new(default_store_policy),
+                fail_open: false,
+                fingerprinter: Fingerprinter::new().canonical_json(true),
+            },
+        }
+    }
+
+    /// Look keys Redis does not know up in the Postgres mirror [off].
+    pub fn read_through(mut self, read_through: ReadThrough) -> Self {
+        self.config.read_through = Some(read_through);
+        self
+    }
+
+    /// Methods the layer applies to [POST, PATCH]; others pass through.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// The key header [`Idempotency-Key`].
+    pub fn header(mut self, name: HeaderName) -> Self {
+        self.config.header = name;
+        self
+    }
+
+    /// A request without the header gets 400 instead of passing through [false].
+    pub fn required(mut self, required: bool) -> Self {
+        self.config.required = required;
+        self
+    }
+
+    /// Scopes keys per tenant, e.g. by an account header; `None` is the
+    /// anonymous scope [one scope for everybody].
+    pub fn tenant(
+        mut self,
+        tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.tenant = Some(Arc::new(tenant));
+        self
+    }
+
+    /// Scopes keys by the value of one request header.
+    pub fn tenant_header(self, name: HeaderName) -> Self {
+        self.tenant(move |parts| {
+            parts
+                .headers
+                .get(&name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        })
+    }
+
+    /// Prefix of the Redis keys [`idem:`]; keys are `prefix{tenant:key}`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.key_prefix = prefix.into();
+        self
+    }
+
+    /// How long a key and its stored response live [24 h].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = ttl;
+        self
+    }
+
+    /// The lease of a running request [30 s]; renewed (TOUCH) every third of
+    /// it while the handler runs, so a slow handler keeps its key.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// A duplicate of a running request waits up to `wait` for the
+    /// original's answer (replayed) instead of getting 409 [off].
+    ///
+    /// # Panics
+    /// When the client has no wait connections (`IdemClient::standalone`,
+    /// `IdemClient::cluster` or `with_wait_connections` provide them): a
+    /// blocking call on a shared connection would stall all other requests.
+    pub fn wait_for_result(mut self, wait: Duration) -> Self {
+        assert!(
+            self.config.client.can_wait(),
+            "wait_for_result needs an IdemClient with wait connections"
+        );
+        self.config.wait = Some(wait);
+        self
+    }
+
+    /// Largest request body buffered for the fingerprint [1 MiB]; larger → 413.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.config.max_request_body = bytes;
+        self
+    }
+
+    /// Largest response body buffered for storing [1 MiB]. A larger response
+    /// is still sent, but not stored (the key is released).
+    pub fn max_response_body(mut self, bytes: usize) -> Self {
+        self.config.max_response_body = bytes;
+        self
+    }
+
+    /// Response headers stored and replayed [`content-type`, `location`].
+    pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.stored_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Which statuses are stored [all but 5xx and 429]; the others release the
+    /// key so that a retry runs the handler again.
+    pub fn store_policy(
+        mut self,
+        policy: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.config.store_policy = Arc::new(policy);
+        self
+    }
+
+    /// When Redis (or the mirror) is unreachable, run the handler without
+    /// idempotency instead of answering 503 [false: fail closed].
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.config.fail_open = fail_open;
+        self
+    }
+
+    /// What goes into the request fingerprint [method, path and query, body
+    /// with RFC 8785 canonical JSON].
+    pub fn fingerprinter(mut self, fingerprinter: Fingerprinter) -> Self {
+        self.config.fingerprinter = fingerprinter;
+        self
+    }
+}
+
+impl<S, C: Clone> Layer<S> for IdempotencyLayer<C> {
+    type Service = Idempotency<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, Arc::new(self.config.clone()))
+    }
+}

@@ -1,0 +1,15 @@
+//! Tower/axum middleware implementing the `Idempotency-Key` header (IETF
+//! httpapi draft, Stripe semantics) on top of the idem module.
+
+mod body;
+mod flow;
+mod key;
+mod layer;
+mod problem;
+mod service;
+
+pub use body::{BoxError, IdemBody};
+pub use key::{parse_value as parse_key_header, redis_key, KeyError, MAX_KEY_BYTES};
+pub use layer::{default_store_policy, IdempotencyLayer};
+pub use problem::{replay_response, Problem, IDEMPOTENT_REPLAYED};
+pub use service::{Idempotency, ResponseFuture};

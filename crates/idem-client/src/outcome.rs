@@ -1,0 +1,83 @@
+//! What `IDEM.BEGIN` decided, and the stored response a replay hands back.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+/// The module's decision for one `IDEM.BEGIN`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// No record (or a takeover of a lapsed lease): the caller now holds the
+    /// key with `token` and must `complete` or `abort` it.
+    New { token: u64 },
+    /// Another holder's lease is alive; try again after `retry_after`.
+    InFlight { retry_after: Duration },
+    /// The key was completed before: answer with the stored response.
+    Replay(StoredResponse),
+    /// The key exists with another request fingerprint.
+    Mismatch,
+}
+
+/// A response as stored by `IDEM.COMPLETE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: Bytes,
+    /// `(name, value)` pairs in the order they were stored; names may repeat.
+    pub headers: Vec<(String, Bytes)>,
+}
+
+impl StoredResponse {
+    pub fn new(status: u16, body: impl Into<Bytes>) -> Self {
+        StoredResponse {
+            status,
+            body: body.into(),
+            headers: Vec::new(),
+        }
+    }
+
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+}
+
+/// Options of one `IDEM.BEGIN`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BeginOptions {
+    /// How long the key lives (whole seconds, at least 1).
+    pub ttl: Duration,
+    /// The holder's lease; `None` uses the module's `lease-ms` config.
+    pub lease: Option<Duration>,
+    /// Instead of answering `in_flight`, wait up to this long for the holder's
+    /// answer (`WAIT ms`). Needs dedicated wait connections.
+    pub wait: Option<Duration>,
+}
+
+impl BeginOptions {
+    pub fn new(ttl: Duration) -> Self {
+        BeginOptions {
+            ttl,
+            lease: None,
+            wait: None,
+        }
+    }
+
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+}
+
+/// Whether a `complete` stores a response that came from the Postgres mirror
+/// (`MIRRORED`: the writer must not mirror it again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Handler,
+    Mirror,
+}

@@ -1,0 +1,141 @@
+//! Read-through from the Postgres mirror: when Redis answers `new` for a key
+//! the mirror still holds as completed, Redis lost it; refill Redis from the
+//! mirror (`IDEM.COMPLETE ... MIRRORED`) and answer the stored response, so a
+//! request never runs twice because Redis lost data.
+
+use bytes::Bytes;
+use deadpool_postgres::Pool;
+use redis::aio::ConnectionLike;
+
+use crate::fingerprint::stored_hex;
+use crate::{BeginOptions, IdemClient, IdemError, Origin, Outcome, StoredResponse};
+
+/// The writer's table (see `idem-writer`'s migration).
+const LOOKUP: &str = "SELECT fingerprint, response_status, response_body, response_headers \
+     FROM idempotency_keys \
+     WHERE key = $1 AND status = 'completed' AND expires_at > now()";
+
+/// A completed, unexpired row of the mirror.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirroredRecord {
+    /// Lowercase hex SHA-256 of the fingerprint bytes sent to BEGIN.
+    pub fingerprint_hex: String,
+    pub response: StoredResponse,
+}
+
+/// Looks keys up in the mirror's `idempotency_keys` table.
+#[derive(Clone)]
+pub struct ReadThrough {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for ReadThrough {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadThrough").finish_non_exhaustive()
+    }
+}
+
+impl ReadThrough {
+    pub fn new(pool: Pool) -> Self {
+        ReadThrough { pool }
+    }
+
+    /// The completed, unexpired mirror row for `key`, if any.
+    pub async fn lookup(&self, key: &str) -> Result<Option<MirroredRecord>, IdemError> {
+        let client = self.pool.get().await?;
+        let statement = client.prepare_cached(LOOKUP).await?;
+        let Some(row) = client.query_opt(&statement, &[&key]).await? else {
+            return Ok(None);
+        };
+        let fingerprint_hex: String = row.try_get(0)?;
+        let status: i32 = row.try_get(1)?;
+        let body: Option<Vec<u8>> = row.try_get(2)?;
+        let flat_headers: Option<Vec<Vec<u8>>> = row.try_get(3)?;
+        let status = u16::try_from(status)
+            .ok()
+            .filter(|s| (100..=599).contains(s))
+            .ok_or_else(|| {
+                IdemError::Postgres(format!("mirror row for {key:?} has status {status}"))
+            })?;
+        let flat_headers = flat_headers.unwrap_or_default();
+        if flat_headers.len() % 2 != 0 {
+            return Err(IdemError::Postgres(format!(
+                "mirror row for {key:?} has an odd number of header items"
+            )));
+        }
+        let headers = flat_headers
+            .chunks_exact(2)
+            .map(|pair| {
+                (
+                    String::from_utf8_lossy(&pair[0]).into_owned(),
+                    Bytes::copy_from_slice(&pair[1]),
+                )
+            })
+            .collect();
+        Ok(Some(MirroredRecord {
+            fingerprint_hex: fingerprint_hex.to_ascii_lowercase(),
+            response: StoredResponse {
+                status,
+                body: Bytes::from(body.unwrap_or_default()),
+                headers,
+            },
+        }))
+    }
+
+    /// `IDEM.BEGIN`, then on `new` the mirror lookup:
+    /// - no row: `New` (the caller runs the request);
+    /// - a row with the same fingerprint: Redis is refilled with the row
+    ///   (`MIRRORED`, under the token just obtained) and the answer is `Replay`;
+    /// - a row with another fingerprint: the key is released and the answer
+    ///   is `Mismatch`.
+    ///
+    /// When the mirror cannot be read the key is released and the error
+    /// returned (`is_unavailable`): the mirror may hold the answer.
+    pub async fn begin<C>(
+        &self,
+        client: &IdemClient<C>,
+        key: &str,
+        fingerprint: &[u8],
+        options: BeginOptions,
+    ) -> Result<Outcome, IdemError>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let token = match client.begin(key, fingerprint, options).await? {
+            Outcome::New { token } => token,
+            other => return Ok(other),
+        };
+        let record = match self.lookup(key).await {
+            Ok(record) => record,
+            Err(err) => {
+                release(client, key, token).await;
+                return Err(err);
+            }
+        };
+        let Some(record) = record else {
+            return Ok(Outcome::New { token });
+        };
+        if record.fingerprint_hex != stored_hex(fingerprint) {
+            release(client, key, token).await;
+            return Ok(Outcome::Mismatch);
+        }
+        if let Err(err) = client
+            .complete(key, token, &record.response, Origin::Mirror)
+            .await
+        {
+            // The mirror's answer stands; Redis just stays without it.
+            tracing::warn!(key, error = %err, "read-through could not refill redis");
+            release(client, key, token).await;
+        }
+        Ok(Outcome::Replay(record.response))
+    }
+}
+
+async fn release<C>(client: &IdemClient<C>, key: &str, token: u64)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    if let Err(err) = client.abort(key, token).await {
+        tracing::warn!(key, error = %err, "could not release an idempotency key");
+    }
+}

@@ -1,0 +1,126 @@
+//! Connections reserved for blocking `IDEM.BEGIN ... WAIT` calls. Redis stops
+//! reading a blocked client's socket, so a waiting BEGIN on a shared
+//! (multiplexed) connection would stall every other request behind it: each
+//! waiter borrows a connection of its own from this small pool.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, RedisResult, Value};
+
+use crate::client::bounded;
+use crate::IdemError;
+
+/// Runs one blocking command on a connection nobody else uses meanwhile.
+pub trait WaitConnections: Send + Sync + 'static {
+    fn query(&self, cmd: Cmd, timeout: Duration) -> BoxFuture<'_, Result<Value, IdemError>>;
+}
+
+type Opener<C> = Arc<dyn Fn() -> BoxFuture<'static, RedisResult<C>> + Send + Sync>;
+
+/// Opens connections on demand and keeps up to `max_idle` of them for reuse.
+pub struct DedicatedConnections<C> {
+    open: Opener<C>,
+    idle: Mutex<Vec<C>>,
+    max_idle: usize,
+}
+
+/// Idle connections kept by default.
+pub const DEFAULT_MAX_IDLE: usize = 16;
+
+impl DedicatedConnections<MultiplexedConnection> {
+    /// Fresh multiplexed connections to one server (no response timeout of
+    /// their own: each call is bounded by the wait plus the call timeout).
+    pub fn standalone(client: redis::Client) -> Self {
+        DedicatedConnections::new(move || {
+            let client = client.clone();
+            Box::pin(async move {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(crate::client::DEFAULT_CALL_TIMEOUT);
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+            })
+        })
+    }
+}
+
+impl DedicatedConnections<ClusterConnection> {
+    /// Fresh cluster connections (each holds one socket per node it talks to).
+    pub fn cluster(client: redis::cluster::ClusterClient) -> Self {
+        DedicatedConnections::new(move || {
+            let client = client.clone();
+            Box::pin(async move { client.get_async_connection().await })
+        })
+    }
+}
+
+impl<C> DedicatedConnections<C>
+where
+    C: ConnectionLike + Send + 'static,
+{
+    pub fn new(
+        open: impl Fn() -> BoxFuture<'static, RedisResult<C>> + Send + Sync + 'static,
+    ) -> Self {
+        DedicatedConnections {
+            open: Arc::new(open),
+            idle: Mutex::new(Vec::new()),
+            max_idle: DEFAULT_MAX_IDLE,
+        }
+    }
+
+    pub fn max_idle(mut self, max_idle: usize) -> Self {
+        self.max_idle = max_idle;
+        self
+    }
+
+    /// Connections currently idle in the pool.
+    pub fn idle_count(&self) -> usize {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    fn take_idle(&self) -> Option<C> {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+    }
+
+    fn give_back(&self, conn: C) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+    }
+}
+
+impl<C> WaitConnections for DedicatedConnections<C>
+where
+    C: ConnectionLike + Send + 'static,
+{
+    fn query(&self, cmd: Cmd, timeout: Duration) -> BoxFuture<'_, Result<Value, IdemError>> {
+        Box::pin(async move {
+            let mut conn = match self.take_idle() {
+                Some(conn) => conn,
+                None => bounded(timeout, (self.open)()).await?,
+            };
+            let result = bounded(timeout, cmd.query_async::<Value>(&mut conn)).await;
+            // A connection that timed out may still deliver the late answer,
+            // and one that failed on I/O is broken: neither goes back.
+            let healthy = match &result {
+                Ok(_) => true,
+                Err(err) => !err.is_unavailable(),
+            };
+            if healthy {
+                self.give_back(conn);
+            }
+            result
+        })
+    }
+}
