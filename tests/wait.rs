@@ -49,12 +49,12 @@ fn waiters(
 
 fn wait_for_waiters(con: &mut Connection, n: i64) {
     let ok = eventually(Duration::from_secs(10), || {
-        idem_counter(con, "waiters") == n
+        idem_counter(con, "idem_waiters") == n
     });
     assert!(
         ok,
         "expected {n} waiters, INFO says {}",
-        idem_counter(con, "waiters")
+        idem_counter(con, "idem_waiters")
     );
 }
 
@@ -92,7 +92,11 @@ fn hundred_duplicates_get_the_replay_when_the_holder_completes() {
     );
     let info = idem_info(&mut holder);
     assert_eq!(
-        (info["waits_replay"], info["waiters"], info["in_flight"]),
+        (
+            info["idem_waits_replay"],
+            info["idem_waiters"],
+            info["idem_in_flight"]
+        ),
         (99, 0, 0)
     );
 }
@@ -109,7 +113,7 @@ fn abort_hands_the_key_to_exactly_one_waiter_and_the_rest_replay_its_result() {
     // Exactly one waiter now holds the key; it finishes the work.
     assert!(eventually(Duration::from_secs(5), || idem_counter(
         &mut holder,
-        "waiters"
+        "idem_waiters"
     ) == 9));
     let rec = get_rec(&mut holder, "k");
     assert!(rec.token > token, "the new holder has a larger token");
@@ -131,7 +135,7 @@ fn abort_hands_the_key_to_exactly_one_waiter_and_the_rest_replay_its_result() {
         .iter()
         .filter(|(o, _, _)| matches!(o, Outcome::Replay { body, .. } if body == b"second try"));
     assert_eq!(replays.count(), 9);
-    assert_eq!(idem_counter(&mut holder, "waits_takeover"), 1);
+    assert_eq!(idem_counter(&mut holder, "idem_waits_takeover"), 1);
 }
 
 #[test]
@@ -144,7 +148,7 @@ fn a_crashed_holder_is_taken_over_by_one_waiter_when_its_lease_lapses() {
     // The holder never completes. After the lease, exactly one waiter is new.
     assert!(eventually(Duration::from_secs(5), || idem_counter(
         &mut holder,
-        "waiters"
+        "idem_waiters"
     ) == 4));
     assert!(
         started.elapsed() >= Duration::from_millis(350),
@@ -189,7 +193,7 @@ fn wait_shorter_than_the_work_answers_in_flight_after_wait_ms() {
         "{waited:?}"
     );
     let info = idem_info(&mut holder);
-    assert_eq!((info["waits_timeout"], info["waiters"]), (1, 0));
+    assert_eq!((info["idem_waits_timeout"], info["idem_waiters"]), (1, 0));
 }
 
 #[test]
@@ -238,7 +242,7 @@ fn a_killed_waiter_leaks_nothing_and_the_others_still_get_their_answer() {
     for (o, _, _) in waiting.join().unwrap() {
         assert!(matches!(o, Outcome::Replay { .. }), "{o:?}");
     }
-    assert_eq!(idem_counter(&mut holder, "waiters"), 0);
+    assert_eq!(idem_counter(&mut holder, "idem_waiters"), 0);
     assert_eq!(text(&ok(&mut holder, &["PING"])), "PONG");
 }
 
@@ -254,7 +258,7 @@ fn del_and_flushall_while_clients_wait_hand_the_key_to_one_waiter() {
         assert!(
             eventually(Duration::from_secs(5), || idem_counter(
                 &mut holder,
-                "waiters"
+                "idem_waiters"
             ) == 3),
             "{wipe:?}: one waiter takes the key"
         );
@@ -370,5 +374,5 @@ fn replicas_receive_the_same_effects_when_a_waiter_takes_over() {
     sync_replica(&mut p);
     assert_eq!(get_rec(&mut r, "k"), get_rec(&mut p, "k"));
     assert_eq!(digest(&mut r), digest(&mut p));
-    assert_eq!(idem_counter(&mut r, "waiters"), 0);
+    assert_eq!(idem_counter(&mut r, "idem_waiters"), 0);
 }
