@@ -491,7 +491,7 @@ fn command_table_key_positions_and_flags() {
     assert_eq!(infos.len(), names.len());
     for (name, info) in names.iter().zip(infos) {
         let a = array(info);
-        assert_eq!(text(&a[0]), *name);
+        assert_eq!(text(&a[0]).to_lowercase(), *name);
         let flags: Vec<String> = array(&a[2]).iter().map(text).collect();
         let (first, last, step) = (int(&a[3]), int(&a[4]), int(&a[5]));
         match *name {

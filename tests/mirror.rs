@@ -374,21 +374,20 @@ fn pending_index_after_restore() {
 fn expired_and_deleted_records_drop_out() {
     let s = RedisServer::start();
     let mut c = s.conn();
-    for k in ["del", "unlink", "set", "flushed"] {
+    for k in ["del", "unlink", "flushed"] {
         completed(&mut c, k, "fp", 3600, b"x");
     }
     completed(&mut c, "short", "fp", 1, b"x");
-    assert_eq!(pending(&mut c), 5);
+    assert_eq!(pending(&mut c), 4);
 
     assert_eq!(int(&ok(&mut c, &["DEL", "del"])), 1);
     assert_eq!(int(&ok(&mut c, &["UNLINK", "unlink"])), 1);
-    ok(&mut c, &["SET", "set", "now a string"]);
     assert_eq!(pending(&mut c), 2);
     let keys = pulled_keys(&pull(&mut c, 10, Some(1), None));
     assert_eq!(keys, ["flushed", "short"]);
     sleep_ms(5);
 
-    // Expiry, whether found by the active cycle or by a pull.
+    // Expiry, found by the active expire cycle.
     assert!(
         eventually(Duration::from_secs(5), || pending(&mut c) == 1),
         "expired record still pending"
@@ -398,6 +397,48 @@ fn expired_and_deleted_records_drop_out() {
     assert_eq!(pending(&mut c), 0);
     assert!(pull(&mut c, 10, None, None).is_empty());
     assert_eq!(oldest_ms(&mut c), 0);
+
+    // FLUSHDB of another database leaves this one's pending records alone.
+    completed(&mut c, "kept", "fp", 3600, b"x");
+    ok(&mut c, &["SELECT", "1"]);
+    completed(&mut c, "gone", "fp", 3600, b"x");
+    assert_eq!(pending(&mut c), 2);
+    ok(&mut c, &["FLUSHDB"]);
+    assert_eq!(pending(&mut c), 1);
+    ok(&mut c, &["SELECT", "0"]);
+    assert_eq!(pulled_keys(&pull(&mut c, 10, None, None)), ["kept"]);
+}
+
+#[test]
+fn overwritten_records_drop_out() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    for k in ["set", "hset", "restored"] {
+        completed(&mut c, k, "fp", 3600, b"x");
+    }
+    ok(&mut c, &["SET", "plain", "v"]);
+    let payload = bytes(&ok(&mut c, &["DUMP", "plain"]));
+    assert_eq!(pending(&mut c), 3);
+    // SET replaces the record with a string; the pending entry goes with it.
+    ok(&mut c, &["SET", "set", "now a string"]);
+    assert_eq!(pending(&mut c), 2, "SET over a pending record");
+    ok(&mut c, &["DEL", "hset"]);
+    ok(&mut c, &["HSET", "hset", "f", "v"]);
+    assert_eq!(pending(&mut c), 1);
+    let v: Value = redis::cmd("RESTORE")
+        .arg("restored")
+        .arg(0)
+        .arg(&payload[..])
+        .arg("REPLACE")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(v, Value::Okay);
+    assert_eq!(
+        pending(&mut c),
+        0,
+        "RESTORE REPLACE of a string over a pending record"
+    );
+    assert!(pull(&mut c, 10, None, None).is_empty());
 }
 
 #[test]

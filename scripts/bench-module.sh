@@ -1,0 +1,311 @@
+#!/usr/bin/env bash
+# Benchmarks the idem module against its baselines, in one run against one
+# redis-server it starts itself (free port, never 6379, no persistence):
+#
+#   1. IDEM.BEGIN on fresh keys   vs  SET key fp NX EX ttl        (>= 0.9x)
+#   2. IDEM.BEGIN on fresh keys   vs  EVALSHA bench/begin.lua     (>= 2.5x)
+#   3. IDEM.BEGIN replaying a 256-byte body  vs  GET of a 256-byte string (>= 0.9x)
+#   4. memory per completed record (36-byte key, 256-byte body) vs the Lua
+#      version's hash (no more), as INFO used_memory deltas over MEM_RECORDS.
+#
+# Throughput comes from redis-benchmark (pipelined, many clients, random keys
+# via -r and __rand_int__), each phase on a flushed database, ROUNDS times in
+# turn. A ratio is the median of the per-round ratios of adjacent phases (so
+# a noisy neighbour slowing one round skews neither side); the ops/s shown
+# are medians too. Every phase checks that the commands did what they should
+# (no error replies, the expected outcome counts).
+#
+# Usage: scripts/bench-module.sh        (env knobs below; BENCH_STRICT=1 makes
+#                                        a missed target exit non-zero)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MODULE=${IDEM_MODULE:-$ROOT/target/release/libidem.so}
+REQUESTS=${REQUESTS:-500000}         # per module / SET / GET phase
+LUA_REQUESTS=${LUA_REQUESTS:-150000} # the Lua script is slower
+CLIENTS=${CLIENTS:-50}
+PIPELINE=${PIPELINE:-16}
+ROUNDS=${ROUNDS:-5}
+REPLAY_KEYS=${REPLAY_KEYS:-100000}
+MEM_RECORDS=${MEM_RECORDS:-100000}
+FRESH_KEYSPACE=1000000000 # -r: keys drawn from 10^9, so repeats are rare
+TTL=3600
+LEASE_MS=30000
+FP=$(printf 'f%.0s' {1..64})   # a 64-byte fingerprint (a hex SHA-256's size)
+BODY=$(printf 'b%.0s' {1..256}) # a 256-byte response body
+
+for tool in redis-server redis-cli redis-benchmark awk; do
+    command -v "$tool" >/dev/null || { echo "bench-module: $tool not found" >&2; exit 1; }
+done
+if [[ ! -f $MODULE ]]; then
+    if [[ -n ${IDEM_MODULE:-} ]]; then
+        echo "bench-module: IDEM_MODULE=$MODULE does not exist" >&2
+        exit 1
+    fi
+    echo "building the module (cargo build --release -p idem)..." >&2
+    cargo build --release -p idem --manifest-path "$ROOT/Cargo.toml" >&2
+fi
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+PORT=
+for _ in $(seq 100); do
+    p=$((20000 + RANDOM % 40000))
+    if [[ $p != 6379 ]] && port_free "$p"; then PORT=$p; break; fi
+done
+[[ -n $PORT ]] || { echo "bench-module: no free port" >&2; exit 1; }
+
+WORK=$(mktemp -d -t idem-bench.XXXXXX)
+SERVER_PID=
+cleanup() {
+    if [[ -n $SERVER_PID ]]; then
+        kill "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$WORK" --logfile "$WORK/redis.log" \
+    --loadmodule "$MODULE" >/dev/null 2>&1 &
+SERVER_PID=$!
+
+cli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
+for _ in $(seq 200); do
+    [[ $(cli PING 2>/dev/null) == PONG ]] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/redis.log" >&2; exit 1; }
+    sleep 0.05
+done
+[[ $(cli PING) == PONG ]] || { echo "bench-module: server not up" >&2; exit 1; }
+
+fail() { echo "bench-module: $*" >&2; exit 1; }
+
+# A numeric field of INFO <section>.
+info_field() { cli INFO "$2" | tr -d '\r' | awk -F: -v f="$1" '$1 == f { print $2 }'; }
+errors_so_far() { info_field total_error_replies stats; }
+
+flush() {
+    cli FLUSHALL >/dev/null
+    cli CONFIG RESETSTAT >/dev/null
+}
+
+# bench <requests> <keyspace> <command...>: requests per second.
+bench() {
+    local n=$1 r=$2
+    shift 2
+    local before rps
+    before=$(errors_so_far)
+    rps=$(redis-benchmark -h 127.0.0.1 -p "$PORT" -c "$CLIENTS" -P "$PIPELINE" \
+        -n "$n" -r "$r" --csv "$@" | tail -n 1 | awk -F'","' '{ print $2 }')
+    [[ $rps =~ ^[0-9.]+$ ]] || fail "no figure from redis-benchmark $*"
+    (($(errors_so_far) == before)) || fail "error replies during: $*"
+    echo "$rps"
+}
+
+# at_least <got> <want> <what>: guards that a phase did real work.
+at_least() { (($1 >= $2)) || fail "$3: got $1, expected at least $2"; }
+
+SHA_BEGIN=$(cli SCRIPT LOAD "$(cat "$ROOT/bench/begin.lua")")
+SHA_COMPLETE=$(cli SCRIPT LOAD "$(cat "$ROOT/bench/complete.lua")")
+
+# Loads records or strings in batches of 10,000 with a server-side loop.
+# fill_module <count> <key-format> <fp> <body>: completed records.
+FILL_MODULE='for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
+  local k = string.format(ARGV[3], i)
+  local r = redis.call("IDEM.BEGIN", k, ARGV[4], ARGV[6])
+  redis.call("IDEM.COMPLETE", k, r[2], 200, ARGV[5])
+end
+return 1'
+FILL_STRINGS='for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
+  redis.call("SET", string.format(ARGV[3], i), ARGV[4])
+end
+return 1'
+batched() { # batched <count> <script> <args after the range...>
+    local count=$1 script=$2
+    shift 2
+    local from=0
+    while ((from < count)); do
+        local to=$((from + 10000 < count ? from + 10000 - 1 : count - 1))
+        cli EVAL "$script" 0 "$from" "$to" "$@" >/dev/null
+        from=$((to + 1))
+    done
+}
+fill_module() { batched "$1" "$FILL_MODULE" "$2" "$3" "$4" "$TTL"; }
+fill_strings() { batched "$1" "$FILL_STRINGS" "$2" "$3"; }
+
+# The Lua baseline's records, through the scripts themselves: the counter
+# starts at 0 after a flush, so the i-th BEGIN gets token i + 1.
+fill_lua() { # fill_lua <count> <key-format>
+    awk -v n="$1" -v fmt="$2" -v sb="$SHA_BEGIN" -v sc="$SHA_COMPLETE" \
+        -v fp="$FP" -v body="$BODY" -v ttl="$TTL" -v lease="$LEASE_MS" '
+        function out(c,   i, s) {
+            s = "*" c "\r\n"
+            for (i = 1; i <= c; i++) s = s "$" length(a[i]) "\r\n" a[i] "\r\n"
+            printf "%s", s
+        }
+        BEGIN {
+            for (i = 0; i < n; i++) {
+                k = sprintf(fmt, i)
+                a[1] = "EVALSHA"; a[2] = sb; a[3] = "2"; a[4] = k; a[5] = "idem:tokens"
+                a[6] = fp; a[7] = ttl; a[8] = lease; out(8)
+                a[1] = "EVALSHA"; a[2] = sc; a[3] = "1"; a[4] = k; a[5] = i + 1
+                a[6] = "200"; a[7] = body; out(7)
+            }
+        }' >"$WORK/lua-fill.resp"
+    local summary
+    summary=$(cli --pipe <"$WORK/lua-fill.resp" 2>&1 | tail -n 1)
+    [[ $summary == *"errors: 0,"* ]] || fail "Lua fill: $summary"
+}
+
+used_memory() {
+    sleep 0.2
+    info_field used_memory memory
+}
+
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+declare -a R_BEGIN R_SET R_LUA R_REPLAY R_GET R_LUA_REPLAY
+NINETY_NINE=$((REQUESTS * 99 / 100))
+LUA_NINETY_NINE=$((LUA_REQUESTS * 99 / 100))
+
+echo "idem module benchmark: redis $(redis-server --version | awk '{ print $3 }' | cut -d= -f2)," \
+    "port $PORT, $CLIENTS clients, pipeline $PIPELINE, $ROUNDS rounds (medians)" >&2
+for round in $(seq "$ROUNDS"); do
+    echo "round $round/$ROUNDS..." >&2
+
+    flush
+    before=$(info_field idem_new idem)
+    R_BEGIN+=("$(bench "$REQUESTS" "$FRESH_KEYSPACE" IDEM.BEGIN "k:__rand_int__" "$FP" "$TTL")")
+    at_least $(($(info_field idem_new idem) - before)) "$NINETY_NINE" "BEGIN fresh: new outcomes"
+
+    flush
+    R_SET+=("$(bench "$REQUESTS" "$FRESH_KEYSPACE" SET "k:__rand_int__" "$FP" NX EX "$TTL")")
+    at_least "$(cli DBSIZE)" "$NINETY_NINE" "SET NX: keys"
+
+    flush
+    R_LUA+=("$(bench "$LUA_REQUESTS" "$FRESH_KEYSPACE" EVALSHA "$SHA_BEGIN" 2 "k:__rand_int__" \
+        idem:tokens "$FP" "$TTL" "$LEASE_MS")")
+    at_least "$(cli GET idem:tokens)" "$LUA_NINETY_NINE" "Lua BEGIN: tokens issued"
+
+    flush
+    fill_module "$REPLAY_KEYS" "k:%012d" "$FP" "$BODY"
+    before=$(info_field idem_replay idem)
+    R_REPLAY+=("$(bench "$REQUESTS" "$REPLAY_KEYS" IDEM.BEGIN "k:__rand_int__" "$FP" "$TTL")")
+    at_least $(($(info_field idem_replay idem) - before)) "$REQUESTS" "BEGIN replay: replays"
+
+    flush
+    fill_strings "$REPLAY_KEYS" "k:%012d" "$BODY"
+    R_GET+=("$(bench "$REQUESTS" "$REPLAY_KEYS" GET "k:__rand_int__")")
+    at_least "$(info_field keyspace_hits stats)" "$REQUESTS" "GET: hits"
+
+    flush
+    fill_lua "$REPLAY_KEYS" "k:%012d"
+    R_LUA_REPLAY+=("$(bench "$LUA_REQUESTS" "$REPLAY_KEYS" EVALSHA "$SHA_BEGIN" 2 "k:__rand_int__" \
+        idem:tokens "$FP" "$TTL" "$LEASE_MS")")
+    [[ $(cli GET idem:tokens) == "$REPLAY_KEYS" ]] || fail "Lua replay issued tokens"
+done
+
+echo "memory: $MEM_RECORDS completed records per variant..." >&2
+KEY_FMT="mem:%032d" # 36-byte keys
+ACK_ALL='local n = 0
+while true do
+  local batch = redis.call("IDEM.MIRROR.PULL", 10000)
+  if #batch == 0 then return n end
+  for _, e in ipairs(batch) do n = n + redis.call("IDEM.MIRROR.ACK", e[1], e[2]) end
+end'
+
+flush
+m0=$(used_memory)
+fill_module "$MEM_RECORDS" "$KEY_FMT" "$FP" "$BODY"
+m1=$(used_memory)
+at_least "$(cli DBSIZE)" "$MEM_RECORDS" "module records"
+[[ $(cli EVAL "$ACK_ALL" 0) == "$MEM_RECORDS" ]] || fail "not every record acknowledged"
+m2=$(used_memory)
+MEM_PENDING=$(((m1 - m0) / MEM_RECORDS))
+MEM_MIRRORED=$(((m2 - m0) / MEM_RECORDS))
+
+flush
+m0=$(used_memory)
+fill_lua "$MEM_RECORDS" "$KEY_FMT"
+m1=$(used_memory)
+[[ $(cli HGET "$(printf "$KEY_FMT" $((MEM_RECORDS - 1)))" state) == completed ]] ||
+    fail "Lua records not completed"
+MEM_LUA=$(((m1 - m0) / MEM_RECORDS))
+
+flush
+m0=$(used_memory)
+fill_strings "$MEM_RECORDS" "$KEY_FMT" "$BODY"
+m1=$(used_memory)
+MEM_STRING=$(((m1 - m0) / MEM_RECORDS))
+flush
+
+BEGIN_RPS=$(median "${R_BEGIN[@]}")
+SET_RPS=$(median "${R_SET[@]}")
+LUA_RPS=$(median "${R_LUA[@]}")
+REPLAY_RPS=$(median "${R_REPLAY[@]}")
+GET_RPS=$(median "${R_GET[@]}")
+LUA_REPLAY_RPS=$(median "${R_LUA_REPLAY[@]}")
+
+# paired <idem rounds...> -- <baseline rounds...>: median of per-round ratios.
+paired() {
+    local -a a=() b=() r=()
+    while [[ $1 != -- ]]; do a+=("$1"); shift; done
+    shift
+    b=("$@")
+    for i in "${!a[@]}"; do
+        r+=("$(awk -v x="${a[$i]}" -v y="${b[$i]}" 'BEGIN { printf "%.4f", x / y }')")
+    done
+    median "${r[@]}"
+}
+RATIO_SET=$(paired "${R_BEGIN[@]}" -- "${R_SET[@]}")
+RATIO_LUA=$(paired "${R_BEGIN[@]}" -- "${R_LUA[@]}")
+RATIO_GET=$(paired "${R_REPLAY[@]}" -- "${R_GET[@]}")
+RATIO_LUA_REPLAY=$(paired "${R_REPLAY[@]}" -- "${R_LUA_REPLAY[@]}")
+
+FAILED=0
+# row <what> <idem> <baseline> <ratio> <target> <pass?>
+row() {
+    local verdict=PASS
+    [[ $6 == 1 ]] || { verdict=FAIL; FAILED=1; }
+    [[ $5 == - ]] && verdict=info
+    printf '%-46s %14s %14s %8s %8s  %s\n' "$1" "$2" "$3" "$4" "$5" "$verdict"
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
+ge() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { print (a / b >= t) ? 1 : 0 }'; }
+fmt_ratio() { awk -v r="$1" 'BEGIN { printf "%.2fx", r }'; }
+ops() { awk -v a="$1" 'BEGIN { printf "%.0f/s", a }'; }
+
+echo
+printf '%-46s %14s %14s %8s %8s  %s\n' "measure ($ROUNDS rounds, medians)" "idem" "baseline" "ratio" "target" "result"
+printf '%.0s-' {1..102}
+echo
+row "BEGIN fresh keys vs SET NX EX" "$(ops "$BEGIN_RPS")" "$(ops "$SET_RPS")" \
+    "$(fmt_ratio "$RATIO_SET")" ">=0.90" "$(ge "$RATIO_SET" 1 0.9)"
+row "BEGIN fresh keys vs Lua EVALSHA (hash)" "$(ops "$BEGIN_RPS")" "$(ops "$LUA_RPS")" \
+    "$(fmt_ratio "$RATIO_LUA")" ">=2.50" "$(ge "$RATIO_LUA" 1 2.5)"
+row "BEGIN replay (256 B body) vs GET (256 B)" "$(ops "$REPLAY_RPS")" "$(ops "$GET_RPS")" \
+    "$(fmt_ratio "$RATIO_GET")" ">=0.90" "$(ge "$RATIO_GET" 1 0.9)"
+row "BEGIN replay vs Lua EVALSHA replay" "$(ops "$REPLAY_RPS")" "$(ops "$LUA_REPLAY_RPS")" \
+    "$(fmt_ratio "$RATIO_LUA_REPLAY")" "-" 1
+row "memory/record, mirror pending vs Lua hash" "${MEM_PENDING} B" "${MEM_LUA} B" \
+    "$(ratio "$MEM_PENDING" "$MEM_LUA")" "<=1.00" "$(ge "$MEM_LUA" "$MEM_PENDING" 1)"
+row "memory/record, mirrored (acked) vs Lua hash" "${MEM_MIRRORED} B" "${MEM_LUA} B" \
+    "$(ratio "$MEM_MIRRORED" "$MEM_LUA")" "<=1.00" "$(ge "$MEM_LUA" "$MEM_MIRRORED" 1)"
+row "memory/record, mirrored vs plain 256 B string" "${MEM_MIRRORED} B" "${MEM_STRING} B" \
+    "$(ratio "$MEM_MIRRORED" "$MEM_STRING")" "-" 1
+echo
+echo "per round (ops/s):"
+echo "  BEGIN fresh  ${R_BEGIN[*]}"
+echo "  SET NX EX    ${R_SET[*]}"
+echo "  Lua BEGIN    ${R_LUA[*]}"
+echo "  BEGIN replay ${R_REPLAY[*]}"
+echo "  GET          ${R_GET[*]}"
+echo "  Lua replay   ${R_LUA_REPLAY[*]}"
+echo "requests: $REQUESTS per phase ($LUA_REQUESTS for Lua), keys: 36 B (memory), body: 256 B," \
+    "$MEM_RECORDS records per memory variant"
+
+if [[ $FAILED == 1 ]]; then
+    echo "some targets missed" >&2
+    [[ ${BENCH_STRICT:-0} == 1 ]] && exit 1
+fi
+exit 0
