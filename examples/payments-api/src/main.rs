@@ -1,1 +1,52 @@
-fn main() {}
+//! `payments-api`: the example service on 127.0.0.1:$PORT (see `Settings`).
+
+use anyhow::Context;
+use idem_example_payments::{app, db, idempotency_layer, serve, AppState, Settings};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let settings = Settings::from_env()?;
+    let pool = db::pool(&settings.database_url, settings.pool_size)?;
+    db::migrate(&pool).await?;
+    let read_through = settings.read_through.then(|| pool.clone());
+    let mut layer = idempotency_layer(&settings.redis_url, read_through)
+        .await?
+        .lease(settings.lease);
+    if let Some(wait) = settings.wait {
+        layer = layer.wait_for_result(wait);
+    }
+    let router = app(AppState { db: pool }, layer);
+    let address = ("127.0.0.1", settings.port);
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("bind 127.0.0.1:{}", settings.port))?;
+    tracing::info!(
+        port = settings.port,
+        read_through = settings.read_through,
+        "payments API listening on http://127.0.0.1:{}",
+        settings.port
+    );
+    serve(listener, router, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(err) => {
+                tracing::warn!(error = %err, "no SIGTERM handler");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("shutting down");
+}

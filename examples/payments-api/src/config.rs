@@ -1,0 +1,108 @@
+//! Settings from the environment: `REDIS_URL`, `DATABASE_URL`, `PORT`,
+//! `READ_THROUGH`, `WAIT_MS`, `LEASE_MS`.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub redis_url: String,
+    pub database_url: String,
+    /// The API listens on 127.0.0.1:`port`.
+    pub port: u16,
+    pub read_through: bool,
+    /// Duplicates wait this long for the original's answer (off when `None`).
+    pub wait: Option<Duration>,
+    pub lease: Duration,
+    pub pool_size: usize,
+}
+
+impl Settings {
+    pub fn from_env() -> anyhow::Result<Self> {
+        Settings::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+        let redis_url = get("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6390/".into());
+        let Some(database_url) = get("DATABASE_URL") else {
+            bail!("DATABASE_URL is not set");
+        };
+        let port = match get("PORT") {
+            Some(p) => p
+                .parse()
+                .with_context(|| format!("PORT={p:?} is not a port"))?,
+            None => 8080,
+        };
+        let read_through = match get("READ_THROUGH").as_deref() {
+            None | Some("1" | "true" | "on") => true,
+            Some("0" | "false" | "off") => false,
+            Some(other) => bail!("READ_THROUGH={other:?}: use on or off"),
+        };
+        let wait = millis(&get, "WAIT_MS")?.filter(|w| !w.is_zero());
+        let lease = millis(&get, "LEASE_MS")?.unwrap_or(Duration::from_secs(30));
+        let pool_size = match get("PG_POOL_SIZE") {
+            Some(n) => n.parse().with_context(|| format!("PG_POOL_SIZE={n:?}"))?,
+            None => 16,
+        };
+        Ok(Settings {
+            redis_url,
+            database_url,
+            port,
+            read_through,
+            wait,
+            lease,
+            pool_size,
+        })
+    }
+}
+
+fn millis(get: &impl Fn(&str) -> Option<String>, name: &str) -> anyhow::Result<Option<Duration>> {
+    get(name)
+        .map(|v| {
+            v.parse::<u64>()
+                .map(Duration::from_millis)
+                .with_context(|| format!("{name}={v:?} is not a number of milliseconds"))
+        })
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(vars: &[(&str, &str)]) -> anyhow::Result<Settings> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let s = settings(&[("DATABASE_URL", "postgres://x/db")]).unwrap();
+        assert_eq!(s.port, 8080);
+        assert_eq!(s.redis_url, "redis://127.0.0.1:6390/");
+        assert!(s.read_through);
+        assert_eq!(s.wait, None);
+    }
+
+    #[test]
+    fn overrides_and_errors() {
+        let s = settings(&[
+            ("DATABASE_URL", "postgres://x/db"),
+            ("PORT", "9000"),
+            ("READ_THROUGH", "off"),
+            ("WAIT_MS", "5000"),
+        ])
+        .unwrap();
+        assert_eq!(s.port, 9000);
+        assert!(!s.read_through);
+        assert_eq!(s.wait, Some(Duration::from_secs(5)));
+        assert!(settings(&[]).is_err());
+        assert!(settings(&[("DATABASE_URL", "x"), ("PORT", "http")]).is_err());
+        assert!(settings(&[("DATABASE_URL", "x"), ("READ_THROUGH", "maybe")]).is_err());
+    }
+}

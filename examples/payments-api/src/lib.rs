@@ -1,0 +1,71 @@
+//! Example payments API: axum routes for `POST /payments` and
+//! `GET /payments/{id}`, wrapped in the idem `Idempotency-Key` layer with
+//! Postgres read-through. Built as a library so tests and the benchmark run
+//! it in-process.
+
+pub mod config;
+pub mod db;
+pub mod payments;
+
+use std::future::Future;
+
+use anyhow::Context;
+use axum::http::HeaderName;
+use axum::routing::{get, post};
+use axum::Router;
+use deadpool_postgres::Pool;
+use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
+use redis::aio::ConnectionManager;
+
+pub use config::Settings;
+
+/// Header that scopes idempotency keys per account.
+pub const ACCOUNT_HEADER: HeaderName = HeaderName::from_static("x-account-id");
+
+#[derive(Clone)]
+pub struct AppState {
+    pub db: Pool,
+}
+
+/// The routes alone, without idempotency.
+pub fn routes(state: AppState) -> Router {
+    Router::new()
+        .route("/payments", post(payments::create_payment))
+        .route("/payments/{id}", get(payments::get_payment))
+        .with_state(state)
+}
+
+/// The routes behind the idempotency layer.
+pub fn app(state: AppState, layer: IdempotencyLayer<ConnectionManager>) -> Router {
+    routes(state).layer(layer)
+}
+
+/// The layer as the example configures it: keys scoped by `X-Account-Id`,
+/// JSON bodies canonicalized, read-through from the mirror when `read_through`
+/// is given.
+pub async fn idempotency_layer(
+    redis_url: &str,
+    read_through: Option<Pool>,
+) -> anyhow::Result<IdempotencyLayer<ConnectionManager>> {
+    let redis = redis::Client::open(redis_url).context("invalid REDIS_URL")?;
+    let client = IdemClient::standalone(redis)
+        .await
+        .context("connect to Redis")?;
+    let mut layer = IdempotencyLayer::new(client).tenant_header(ACCOUNT_HEADER);
+    if let Some(pool) = read_through {
+        layer = layer.read_through(ReadThrough::new(pool));
+    }
+    Ok(layer)
+}
+
+/// Serves `router` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serve HTTP")
+}

@@ -1,0 +1,227 @@
+//! Test harness for the payments API: Redis with the module, a throwaway
+//! Postgres database, the writer (on demand), and the API served over real
+//! TCP on a free port.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::middleware::{from_fn, Next};
+use deadpool_postgres::Pool;
+use idem_example_payments::{db, idempotency_layer, routes, serve, AppState, ACCOUNT_HEADER};
+use idem_testkit::{PgDatabase, RedisConfig, RedisServer};
+use reqwest::header::HeaderMap;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+#[derive(Default)]
+pub struct Options {
+    pub read_through: bool,
+    pub wait: Option<Duration>,
+    pub lease: Option<Duration>,
+    /// Extra time every handler call takes (a slow payment processor).
+    pub handler_delay: Option<Duration>,
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub pool: Pool,
+    pub redis: RedisServer,
+    pub db: PgDatabase,
+    server: Option<(oneshot::Sender<()>, JoinHandle<anyhow::Result<()>>)>,
+    writer: Option<(oneshot::Sender<()>, JoinHandle<anyhow::Result<()>>)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Reply {
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+pub fn payment(amount: i64) -> Value {
+    json!({ "amount": amount, "currency": "EUR", "recipient": "acct_bob" })
+}
+
+impl TestApp {
+    pub async fn start(options: Options) -> TestApp {
+        let redis = RedisConfig::default().start();
+        let db = PgDatabase::create();
+        let pool = db::pool(&db.url, 32).expect("pool");
+        db::migrate(&pool).await.expect("payments migration");
+        {
+            let mut client = db.connect().await;
+            idem_writer::migrate(&mut client)
+                .await
+                .expect("mirror migration");
+        }
+        let read_through = options.read_through.then(|| pool.clone());
+        let mut layer = idempotency_layer(&redis.url(), read_through)
+            .await
+            .expect("layer");
+        if let Some(wait) = options.wait {
+            layer = layer.wait_for_result(wait);
+        }
+        if let Some(lease) = options.lease {
+            layer = layer.lease(lease);
+        }
+        let mut router = routes(AppState { db: pool.clone() });
+        if let Some(delay) = options.handler_delay {
+            router = router.layer(from_fn(move |request: Request, next: Next| async move {
+                tokio::time::sleep(delay).await;
+                next.run(request).await
+            }));
+        }
+        let router = router.layer(layer);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, async move {
+            let _ = stopped.await;
+        }));
+        TestApp {
+            base,
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(256)
+                .build()
+                .expect("http client"),
+            pool,
+            redis,
+            db,
+            server: Some((stop, server)),
+            writer: None,
+        }
+    }
+
+    /// Runs the mirror writer against this app's Redis and database.
+    pub fn start_writer(&mut self) {
+        let mut config =
+            idem_writer::WriterConfig::new(vec![self.redis.url()], self.db.url.clone());
+        config.block = Duration::from_millis(100);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(idem_writer::run(config, async move {
+            let _ = stopped.await;
+        }));
+        self.writer = Some((stop, task));
+    }
+
+    pub async fn post(&self, key: Option<&str>, account: Option<&str>, body: &Value) -> Reply {
+        let mut request = self.http.post(format!("{}/payments", self.base)).json(body);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", format!("\"{key}\""));
+        }
+        if let Some(account) = account {
+            request = request.header(ACCOUNT_HEADER.as_str(), account);
+        }
+        let response = request.send().await.expect("POST /payments");
+        Reply {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.bytes().await.expect("body"),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("GET");
+        Reply {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.bytes().await.expect("body"),
+        }
+    }
+
+    pub async fn payment_count(&self) -> i64 {
+        let client = self.pool.get().await.expect("pg");
+        client
+            .query_one("SELECT count(*) FROM payments", &[])
+            .await
+            .expect("count")
+            .get(0)
+    }
+
+    /// Whether the mirror holds `key` as completed.
+    pub async fn mirrored(&self, key: &str) -> bool {
+        let client = self.pool.get().await.expect("pg");
+        client
+            .query_opt(
+                "SELECT 1 FROM idempotency_keys WHERE key = $1 AND status = 'completed'",
+                &[&key],
+            )
+            .await
+            .expect("mirror lookup")
+            .is_some()
+    }
+
+    pub async fn redis_cmd(&self, cmd: &mut redis::Cmd) -> redis::Value {
+        let mut conn = self.redis.async_conn().await;
+        cmd.query_async(&mut conn).await.expect("redis command")
+    }
+
+    pub async fn info_field(&self, name: &str) -> u64 {
+        let info = self.redis_cmd(redis::cmd("INFO").arg("idem")).await;
+        let text = match info {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::VerbatimString { text, .. } => text,
+            other => panic!("INFO reply {other:?}"),
+        };
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in INFO idem:\n{text}"))
+    }
+
+    pub async fn stop(mut self) {
+        if let Some((stop, task)) = self.writer.take() {
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+        }
+        if let Some((stop, task)) = self.server.take() {
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+/// Polls `check` every 20 ms until it holds or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
