@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every benchmark and prints its figures: the module against SET NX, a
+# Lua script and GET (bench-module.sh), the Postgres mirror (bench-mirror.sh),
+# the HTTP middleware (bench-http.sh), and WAIT wake-up cost.
+# `scripts/bench.sh module|mirror|http|wait` runs one of them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib/common.sh
+ensure_base_packages
+cargo build --release --workspace --examples >/dev/null
+
+run_wait() {
+  echo "== WAIT wake-up (issue 5) =="
+  ulimit -n 8192 2>/dev/null || true
+  target/release/examples/wait_wakeup
+}
+
+case ${1:-all} in
+  module) scripts/bench-module.sh ;;
+  mirror) scripts/bench-mirror.sh ;;
+  http) scripts/bench-http.sh ;;
+  wait) run_wait ;;
+  all)
+    scripts/bench-module.sh
+    echo; run_wait
+    echo; scripts/bench-mirror.sh
+    echo; scripts/bench-http.sh
+    ;;
+  *) echo "usage: $0 [module|mirror|http|wait]" >&2; exit 2 ;;
+esac
