@@ -284,7 +284,7 @@ impl Rec {
             return None;
         }
         let a = array(v);
-        assert!(a.len() % 2 == 0, "odd field/value array: {v:?}");
+        assert_eq!(a.len() % 2, 0, "odd field/value array: {v:?}");
         let names: Vec<String> = a.iter().step_by(2).map(text).collect();
         let m: HashMap<&str, &Value> = names
             .iter()
@@ -472,7 +472,7 @@ pub fn wait_persistence_idle(con: &mut Connection) {
             "rdb_bgsave_in_progress",
         ]
         .iter()
-        .all(|f| i.get(*f).map_or(true, |v| v == "0"))
+        .all(|f| !matches!(i.get(*f), Some(v) if v != "0"))
     });
     assert!(idle, "background persistence never finished");
 }
