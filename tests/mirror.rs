@@ -457,13 +457,27 @@ fn expired_record_is_not_pulled_even_before_it_is_reclaimed() {
 }
 
 #[test]
-fn renamed_and_reused_keys() {
+fn renamed_copied_moved_and_reused_keys() {
     let s = RedisServer::start();
     let mut c = s.conn();
     completed(&mut c, "a", "fp", 3600, b"x");
     ok(&mut c, &["RENAME", "a", "b"]);
     assert_eq!(pending(&mut c), 1);
     assert_eq!(pulled_keys(&pull(&mut c, 10, Some(1), None)), ["b"]);
+
+    // COPY makes a second pending record; MOVE takes one to another database.
+    assert_eq!(int(&ok(&mut c, &["COPY", "b", "copy"])), 1);
+    assert_eq!(get_rec(&mut c, "copy"), get_rec(&mut c, "b"));
+    assert_eq!(pending(&mut c), 2);
+    assert_eq!(int(&ok(&mut c, &["MOVE", "copy", "3"])), 1);
+    assert_eq!(pending(&mut c), 2);
+    sleep_ms(5);
+    assert_eq!(pulled_keys(&pull(&mut c, 10, Some(1), None)), ["b"]);
+    ok(&mut c, &["SELECT", "3"]);
+    assert_eq!(pulled_keys(&pull(&mut c, 10, Some(1), None)), ["copy"]);
+    ok(&mut c, &["FLUSHDB"]);
+    ok(&mut c, &["SELECT", "0"]);
+    assert_eq!(pending(&mut c), 1);
 
     // A key reused after its record went away: only the new version is due.
     let t1 = get_rec(&mut c, "b").token;
