@@ -18,5 +18,5 @@ pub use error::IdemError;
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use middleware::{Idempotency, IdempotencyLayer};
 pub use outcome::{BeginOptions, Origin, Outcome, StoredResponse};
-pub use read_through::{MirroredRecord, ReadThrough};
+pub use read_through::{MirroredRecord, ReadThrough, DEFAULT_LOOKUP_TIMEOUT};
 pub use wait_connections::{DedicatedConnections, WaitConnections, DEFAULT_MAX_IDLE};

@@ -3,6 +3,8 @@
 //! mirror (`IDEM.COMPLETE ... MIRRORED`) and answer the stored response, so a
 //! request never runs twice because Redis lost data.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use deadpool_postgres::Pool;
 use redis::aio::ConnectionLike;
@@ -23,10 +25,14 @@ pub struct MirroredRecord {
     pub response: StoredResponse,
 }
 
+/// Default bound on one mirror lookup (connection checkout included).
+pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Looks keys up in the mirror's `idempotency_keys` table.
 #[derive(Clone)]
 pub struct ReadThrough {
     pool: Pool,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for ReadThrough {
@@ -37,11 +43,30 @@ impl std::fmt::Debug for ReadThrough {
 
 impl ReadThrough {
     pub fn new(pool: Pool) -> Self {
-        ReadThrough { pool }
+        ReadThrough {
+            pool,
+            timeout: DEFAULT_LOOKUP_TIMEOUT,
+        }
+    }
+
+    /// Bound on one lookup [2 s]; past it the lookup is `Postgres` (unavailable).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The completed, unexpired mirror row for `key`, if any.
     pub async fn lookup(&self, key: &str) -> Result<Option<MirroredRecord>, IdemError> {
+        match tokio::time::timeout(self.timeout, self.query(key)).await {
+            Ok(result) => result,
+            Err(_) => Err(IdemError::Postgres(format!(
+                "no answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+
+    async fn query(&self, key: &str) -> Result<Option<MirroredRecord>, IdemError> {
         let client = self.pool.get().await?;
         let statement = client.prepare_cached(LOOKUP).await?;
         let Some(row) = client.query_opt(&statement, &[&key]).await? else {

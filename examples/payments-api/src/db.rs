@@ -1,8 +1,10 @@
 //! The example's Postgres side: connection pool, its own migration (the
 //! `payments` table) and the two queries.
 
+use std::time::Duration;
+
 use anyhow::Context;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use serde::Serialize;
 use tokio_postgres::NoTls;
 
@@ -30,9 +32,14 @@ pub struct Payment {
     pub created_at: String,
 }
 
+/// Bound on opening a connection and on waiting for a free one.
+const POOL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A pool of up to `max_size` connections to `database_url`.
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
-    let config: tokio_postgres::Config = database_url.parse().context("invalid DATABASE_URL")?;
+    let mut config: tokio_postgres::Config =
+        database_url.parse().context("invalid DATABASE_URL")?;
+    config.connect_timeout(POOL_TIMEOUT);
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -42,6 +49,9 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
     );
     Pool::builder(manager)
         .max_size(max_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(POOL_TIMEOUT))
+        .create_timeout(Some(POOL_TIMEOUT))
         .build()
         .context("build the Postgres pool")
 }

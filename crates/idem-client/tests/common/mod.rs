@@ -1,0 +1,125 @@
+//! Shared helpers for idem-client's integration tests: typed access to
+//! `IDEM.GET`, an axum server on a free port, and HTTP calls.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::Router;
+use redis::Value;
+use tokio::sync::oneshot;
+
+/// `IDEM.GET key` as a field map (`None` when there is no record).
+pub async fn idem_get(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> Option<HashMap<String, Value>> {
+    let reply: Value = redis::cmd("IDEM.GET")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("IDEM.GET");
+    let items = match reply {
+        Value::Nil => return None,
+        Value::Array(items) => items,
+        other => panic!("IDEM.GET answered {other:?}"),
+    };
+    let mut fields = HashMap::new();
+    let mut items = items.into_iter();
+    while let (Some(name), Some(value)) = (items.next(), items.next()) {
+        fields.insert(text(&name), value);
+    }
+    Some(fields)
+}
+
+pub fn text(value: &Value) -> String {
+    match value {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+pub async fn state_of(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
+    idem_get(conn, key).await.map(|f| text(&f["state"]))
+}
+
+/// An axum router served on 127.0.0.1 until dropped.
+pub struct Server {
+    pub base: String,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Server {
+    pub async fn start(router: Router) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Server {
+            base,
+            stop: Some(stop),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+}
+
+pub async fn post(base: &str, path: &str, key: Option<&str>, body: &str) -> Reply {
+    send(
+        reqwest::Client::new().post(format!("{base}{path}")),
+        key,
+        body,
+    )
+    .await
+}
+
+pub async fn send(request: reqwest::RequestBuilder, key: Option<&str>, body: &str) -> Reply {
+    let mut request = request
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let response = request.send().await.expect("HTTP request");
+    Reply {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.bytes().await.expect("body"),
+    }
+}
+
+pub const LONG: Duration = Duration::from_secs(60);

@@ -1,0 +1,341 @@
+//! The tower/axum layer over real HTTP and a real redis-server with the
+//! module: store policy, stored headers, fail-closed and fail-open, required
+//! keys, methods, size limits, a client hanging up mid-request, and a
+//! panicking handler.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::routing::{post, put};
+use axum::Router;
+use common::{send, state_of, Server};
+use idem_client::{IdemClient, IdempotencyLayer};
+use idem_testkit::RedisServer;
+
+#[derive(Clone, Default)]
+struct Calls(Arc<AtomicUsize>);
+
+impl Calls {
+    fn next(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn created(n: usize) -> (StatusCode, HeaderMap, String) {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert(
+        "location",
+        HeaderValue::from_str(&format!("/things/{n}")).unwrap(),
+    );
+    headers.insert("x-extra", HeaderValue::from_static("yes"));
+    (StatusCode::CREATED, headers, format!("{{\"n\":{n}}}"))
+}
+
+fn routes(calls: Calls) -> Router {
+    let ok = calls.clone();
+    let flaky = calls.clone();
+    let limited = calls.clone();
+    let big = calls.clone();
+    let slow = calls.clone();
+    let panics = calls.clone();
+    let put_calls = calls;
+    Router::new()
+        .route(
+            "/ok",
+            post(move || async move { created(ok.next()) }).get(|| async { "read" }),
+        )
+        .route(
+            "/flaky",
+            post(move || async move {
+                match flaky.next() {
+                    1 => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        HeaderMap::new(),
+                        "boom".to_string(),
+                    ),
+                    n => created(n),
+                }
+            }),
+        )
+        .route(
+            "/limited",
+            post(move || async move {
+                match limited.next() {
+                    1 => (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        HeaderMap::new(),
+                        "slow down".to_string(),
+                    ),
+                    n => created(n),
+                }
+            }),
+        )
+        .route(
+            "/big",
+            post(move || async move {
+                big.next();
+                "x".repeat(10_000)
+            }),
+        )
+        .route(
+            "/slow",
+            post(move || async move {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                created(slow.next())
+            }),
+        )
+        .route(
+            "/panics",
+            post(move || async move {
+                if panics.next() == 1 {
+                    panic!("handler bug");
+                }
+                created(2)
+            }),
+        )
+        .route(
+            "/put",
+            put(move || async move { created(put_calls.next()) }),
+        )
+}
+
+struct Fixture {
+    redis: RedisServer,
+    calls: Calls,
+    server: Server,
+}
+
+impl Fixture {
+    async fn start(
+        configure: impl FnOnce(
+            IdempotencyLayer<redis::aio::MultiplexedConnection>,
+        ) -> IdempotencyLayer<redis::aio::MultiplexedConnection>,
+    ) -> Fixture {
+        let redis = RedisServer::start();
+        let client =
+            IdemClient::new(redis.async_conn().await).with_call_timeout(Duration::from_millis(500));
+        let layer = configure(IdempotencyLayer::new(client));
+        let calls = Calls::default();
+        let server = Server::start(routes(calls.clone()).layer(layer)).await;
+        Fixture {
+            redis,
+            calls,
+            server,
+        }
+    }
+
+    async fn post(&self, path: &str, key: Option<&str>) -> common::Reply {
+        common::post(&self.server.base, path, key, "{}").await
+    }
+
+    async fn state(&self, key: &str) -> Option<String> {
+        let mut conn = self.redis.async_conn().await;
+        state_of(&mut conn, &format!("idem:{{:{key}}}")).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_500_is_not_stored_and_the_retry_runs_again() {
+    let f = Fixture::start(|l| l).await;
+    let first = f.post("/flaky", Some("k")).await;
+    assert_eq!(first.status, 500);
+    assert_eq!(f.state("k").await, None, "nothing stored, key released");
+
+    let second = f.post("/flaky", Some("k")).await;
+    assert_eq!(second.status, 201);
+    assert!(!second.replayed());
+    let third = f.post("/flaky", Some("k")).await;
+    assert_eq!(third.status, 201);
+    assert!(third.replayed());
+    assert_eq!(third.body, second.body);
+    assert_eq!(f.calls.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_is_not_stored() {
+    let f = Fixture::start(|l| l).await;
+    assert_eq!(f.post("/limited", Some("k")).await.status, 429);
+    assert_eq!(f.post("/limited", Some("k")).await.status, 201);
+    assert_eq!(f.calls.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_store_policy_can_store_errors() {
+    let f = Fixture::start(|l| l.store_policy(|_| true)).await;
+    let first = f.post("/flaky", Some("k")).await;
+    let second = f.post("/flaky", Some("k")).await;
+    assert_eq!((first.status, second.status), (500, 500));
+    assert!(second.replayed());
+    assert_eq!(f.calls.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_configured_headers_are_replayed() {
+    let f = Fixture::start(|l| l).await;
+    let first = f.post("/ok", Some("k")).await;
+    assert_eq!(
+        first.header("x-extra"),
+        Some("yes"),
+        "the original answer is untouched"
+    );
+    let replay = f.post("/ok", Some("k")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.header("location"), Some("/things/1"));
+    assert_eq!(replay.header("content-type"), Some("application/json"));
+    assert_eq!(replay.header("x-extra"), None);
+
+    let g = Fixture::start(|l| l.stored_headers([HeaderName::from_static("x-extra")])).await;
+    g.post("/ok", Some("k")).await;
+    let replay = g.post("/ok", Some("k")).await;
+    assert_eq!(replay.header("x-extra"), Some("yes"));
+    assert_eq!(replay.header("location"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_closed_with_503() {
+    let mut f = Fixture::start(|l| l).await;
+    f.redis.kill();
+    let reply = f.post("/ok", Some("k")).await;
+    assert_eq!(reply.status, 503);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(f.calls.count(), 0, "the handler did not run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_with_fail_open_runs_the_handler() {
+    let mut f = Fixture::start(|l| l.fail_open(true)).await;
+    f.redis.kill();
+    let reply = f.post("/ok", Some("k")).await;
+    assert_eq!(reply.status, 201);
+    assert_eq!(f.calls.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_keys_and_methods() {
+    let f = Fixture::start(|l| l.required(true)).await;
+    let missing = f.post("/ok", None).await;
+    assert_eq!(missing.status, 400);
+    assert_eq!(
+        missing.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(f.calls.count(), 0);
+
+    // GET and PUT are not covered by default: they pass through.
+    let read = reqwest::get(format!("{}/ok", f.server.base)).await.unwrap();
+    assert_eq!(read.status(), 200);
+    let client = reqwest::Client::new();
+    for _ in 0..2 {
+        let reply = send(
+            client.put(format!("{}/put", f.server.base)),
+            Some("k"),
+            "{}",
+        )
+        .await;
+        assert_eq!(reply.status, 201);
+    }
+    assert_eq!(f.calls.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sf_string_and_bare_token_are_the_same_key() {
+    let f = Fixture::start(|l| l).await;
+    let quoted = f.post("/ok", Some("\"abc\"")).await;
+    let bare = f.post("/ok", Some("abc")).await;
+    assert_eq!(quoted.status, 201);
+    assert!(bare.replayed());
+    assert_eq!(f.calls.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_keys_and_large_requests_are_rejected_before_redis() {
+    let f = Fixture::start(|l| l.max_request_body(16)).await;
+    assert_eq!(f.post("/ok", Some("\"\"")).await.status, 400);
+    assert_eq!(f.post("/ok", Some(&"k".repeat(256))).await.status, 400);
+    assert_eq!(f.post("/ok", Some("a b")).await.status, 400);
+    let large = common::post(&f.server.base, "/ok", Some("k"), &"x".repeat(100)).await;
+    assert_eq!(large.status, 413);
+    assert_eq!(f.calls.count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_the_limit_is_sent_whole_but_not_stored() {
+    let f = Fixture::start(|l| l.max_response_body(1024)).await;
+    let first = f.post("/big", Some("k")).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body.len(), 10_000);
+    assert_eq!(f.state("k").await, None);
+    let second = f.post("/big", Some("k")).await;
+    assert!(!second.replayed());
+    assert_eq!(f.calls.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_hanging_up_does_not_cut_the_handler_short() {
+    let f = Fixture::start(|l| l).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let result = impatient
+        .post(format!("{}/slow", f.server.base))
+        .header("idempotency-key", "k")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await;
+    assert!(result.is_err(), "the client gave up");
+
+    let mut completed = false;
+    for _ in 0..100 {
+        if f.state("k").await.as_deref() == Some("completed") {
+            completed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(completed, "the handler finished and its answer was stored");
+    let retry = f.post("/slow", Some("k")).await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(retry.replayed());
+    assert_eq!(f.calls.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_releases_the_key() {
+    let f = Fixture::start(|l| l).await;
+    let client = reqwest::Client::new();
+    let crashed = client
+        .post(format!("{}/panics", f.server.base))
+        .header("idempotency-key", "k")
+        .body("{}")
+        .send()
+        .await;
+    assert!(crashed.is_err(), "the connection is dropped: {crashed:?}");
+    assert_eq!(f.state("k").await, None);
+    let retry = f.post("/panics", Some("k")).await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(f.calls.count(), 2);
+}
+
+#[test]
+#[should_panic(expected = "wait connections")]
+fn wait_for_result_needs_wait_connections() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = RedisServer::start();
+    let client = IdemClient::new(runtime.block_on(redis.async_conn()));
+    let _ = IdempotencyLayer::new(client).wait_for_result(Duration::from_secs(1));
+}
