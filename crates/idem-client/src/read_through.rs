@@ -83,7 +83,7 @@ impl ReadThrough {
                 IdemError::Postgres(format!("mirror row for {key:?} has status {status}"))
             })?;
         let flat_headers = flat_headers.unwrap_or_default();
-        if flat_headers.len() % 2 != 0 {
+        if flat_headers.len() % 2 == 1 {
             return Err(IdemError::Postgres(format!(
                 "mirror row for {key:?} has an odd number of header items"
             )));

@@ -129,7 +129,7 @@ fn header_pairs(value: Value) -> Result<Vec<(String, Bytes)>, IdemError> {
         Value::Nil => Vec::new(),
         other => return Err(unexpected("headers are not an array", &other)),
     };
-    if items.len() % 2 != 0 {
+    if items.len() % 2 == 1 {
         return Err(IdemError::UnexpectedReply(
             "odd number of header items".into(),
         ));
