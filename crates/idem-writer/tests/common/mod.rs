@@ -1,0 +1,484 @@
+//! Shared by the writer's integration tests: generating completions through
+//! pipelines, running the `idem-writer` binary, and checking Postgres
+//! against what Redis completed.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::Rng;
+use redis::Value;
+use sha2::{Digest, Sha256};
+
+/// What a test completed in Redis: the truth Postgres must end up holding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub key: String,
+    pub token: i64,
+    pub fingerprint_hex: String,
+    pub status: i32,
+    pub body: Vec<u8>,
+    pub headers: Vec<Vec<u8>>,
+}
+
+/// BEGIN + COMPLETE for each key, as two pipelines (all BEGINs, then all
+/// COMPLETEs). Bodies are random bytes (not UTF-8), headers 0..=2 pairs.
+pub fn complete_keys(
+    conn: &mut redis::Connection,
+    keys: &[String],
+    ttl_secs: u64,
+) -> Vec<Completion> {
+    let mut rng = rand::thread_rng();
+    let mut begin = redis::pipe();
+    let fingerprints: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|k| format!("POST /payments {k} {}", rng.gen::<u32>()).into_bytes())
+        .collect();
+    for (key, fp) in keys.iter().zip(&fingerprints) {
+        begin.cmd("IDEM.BEGIN").arg(key).arg(fp).arg(ttl_secs);
+    }
+    let replies: Vec<Value> = begin.query(conn).expect("pipelined IDEM.BEGIN");
+    let mut complete = redis::pipe();
+    let mut done = Vec::with_capacity(keys.len());
+    for ((key, fp), reply) in keys.iter().zip(&fingerprints).zip(replies) {
+        let token = new_token(&reply).unwrap_or_else(|| panic!("BEGIN {key}: {reply:?}"));
+        let status = [200, 201, 202, 400, 404, 409, 422, 500][rng.gen_range(0..8)];
+        let body_len = rng.gen_range(0..600);
+        let body: Vec<u8> = (0..body_len).map(|_| rng.gen()).collect();
+        let header_pairs = rng.gen_range(0..=2);
+        let mut headers = Vec::new();
+        let cmd = complete
+            .cmd("IDEM.COMPLETE")
+            .arg(key)
+            .arg(token)
+            .arg(status)
+            .arg(&body);
+        for h in 0..header_pairs {
+            let name = format!("x-h{h}").into_bytes();
+            let value: Vec<u8> = (0..rng.gen_range(1..40)).map(|_| rng.gen()).collect();
+            cmd.arg("HEADER").arg(&name).arg(&value);
+            headers.push(name);
+            headers.push(value);
+        }
+        done.push(Completion {
+            key: key.clone(),
+            token,
+            fingerprint_hex: hex::encode(Sha256::digest(fp)),
+            status,
+            body,
+            headers,
+        });
+    }
+    let _: Vec<Value> = complete.query(conn).expect("pipelined IDEM.COMPLETE");
+    done
+}
+
+fn new_token(reply: &Value) -> Option<i64> {
+    match reply {
+        Value::Array(items) => match items.as_slice() {
+            [Value::BulkString(word), Value::Int(token)] if word == b"new" => Some(*token),
+            [Value::SimpleString(word), Value::Int(token)] if word == "new" => Some(*token),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+pub fn keys(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("{prefix}-{i:06}")).collect()
+}
+
+/// An `INFO idem` integer field.
+pub fn info_field(conn: &mut redis::Connection, name: &str) -> i64 {
+    let text: String = redis::cmd("INFO")
+        .arg("idem")
+        .query(conn)
+        .expect("INFO idem");
+    text.lines()
+        .find_map(|l| l.trim_end().strip_prefix(&format!("{name}:"))?.parse().ok())
+        .unwrap_or_else(|| panic!("INFO idem has no {name}:\n{text}"))
+}
+
+/// The `IDEM.GET` fields of a record (nil → `None`).
+pub fn get_record(conn: &mut redis::Connection, key: &[u8]) -> Option<HashMap<String, Value>> {
+    let reply: Value = redis::cmd("IDEM.GET")
+        .arg(key)
+        .query(conn)
+        .expect("IDEM.GET");
+    record_fields(reply)
+}
+
+fn record_fields(reply: Value) -> Option<HashMap<String, Value>> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let mut fields = HashMap::new();
+    let mut it = items.into_iter();
+    while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        let name = match name {
+            Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            Value::SimpleString(s) => s,
+            other => panic!("field name {other:?}"),
+        };
+        fields.insert(name, value);
+    }
+    Some(fields)
+}
+
+pub fn field_text(fields: &HashMap<String, Value>, name: &str) -> String {
+    match fields.get(name) {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        Some(Value::Int(i)) => i.to_string(),
+        other => panic!("field {name}: {other:?}"),
+    }
+}
+
+pub fn field_int(fields: &HashMap<String, Value>, name: &str) -> i64 {
+    field_text(fields, name)
+        .parse()
+        .unwrap_or_else(|_| panic!("field {name} is not an integer"))
+}
+
+/// `created_at`, `completed_at`, `expires_at` (ms) and the mirror state of
+/// each key as Redis has them, read through pipelined `IDEM.GET`s.
+pub fn redis_records(
+    conn: &mut redis::Connection,
+    keys: &[String],
+) -> HashMap<String, HashMap<String, Value>> {
+    let mut out = HashMap::with_capacity(keys.len());
+    for chunk in keys.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for key in chunk {
+            pipe.cmd("IDEM.GET").arg(key);
+        }
+        let replies: Vec<Value> = pipe.query(conn).expect("pipelined IDEM.GET");
+        for (key, reply) in chunk.iter().zip(replies) {
+            if let Some(fields) = record_fields(reply) {
+                out.insert(key.clone(), fields);
+            }
+        }
+    }
+    out
+}
+
+/// A row of `idempotency_keys`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub token: i64,
+    pub fingerprint: String,
+    pub response_status: Option<i32>,
+    pub response_body: Option<Vec<u8>>,
+    pub response_headers: Vec<Vec<u8>>,
+    pub status: String,
+    pub created_at_ms: Option<i64>,
+    pub completed_at_ms: Option<i64>,
+    pub expires_at_ms: i64,
+}
+
+fn ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64
+}
+
+pub async fn rows(pg: &tokio_postgres::Client) -> HashMap<String, Row> {
+    pg.query(
+        "SELECT key, token, fingerprint, response_status, response_body, response_headers,
+                status, created_at, completed_at, expires_at
+         FROM idempotency_keys",
+        &[],
+    )
+    .await
+    .expect("read idempotency_keys")
+    .into_iter()
+    .map(|r| {
+        (
+            r.get::<_, String>(0),
+            Row {
+                token: r.get(1),
+                fingerprint: r.get(2),
+                response_status: r.get(3),
+                response_body: r.get(4),
+                response_headers: r.get(5),
+                status: r.get(6),
+                created_at_ms: r.get::<_, Option<SystemTime>>(7).map(ms),
+                completed_at_ms: r.get::<_, Option<SystemTime>>(8).map(ms),
+                expires_at_ms: ms(r.get(9)),
+            },
+        )
+    })
+    .collect()
+}
+
+pub async fn row_count(pg: &tokio_postgres::Client) -> i64 {
+    pg.query_one("SELECT count(*) FROM idempotency_keys", &[])
+        .await
+        .map(|r| r.get(0))
+        .unwrap_or(-1)
+}
+
+/// Postgres holds exactly `expected` (key set, token, fingerprint, status,
+/// body, headers), with the timestamps Redis has, and Redis marks every one
+/// of them mirrored (acknowledged).
+pub async fn assert_mirrored_exactly(
+    pg: &tokio_postgres::Client,
+    redis: &mut redis::Connection,
+    expected: &[Completion],
+) {
+    let rows = rows(pg).await;
+    assert_eq!(rows.len(), expected.len(), "row count");
+    let keys: Vec<String> = expected.iter().map(|c| c.key.clone()).collect();
+    let in_redis = redis_records(redis, &keys);
+    for want in expected {
+        let row = rows
+            .get(&want.key)
+            .unwrap_or_else(|| panic!("{} missing from Postgres", want.key));
+        assert_eq!(row.token, want.token, "{} token", want.key);
+        assert_eq!(
+            row.fingerprint, want.fingerprint_hex,
+            "{} fingerprint",
+            want.key
+        );
+        assert_eq!(row.status, "completed", "{} status", want.key);
+        assert_eq!(
+            row.response_status,
+            Some(want.status),
+            "{} response_status",
+            want.key
+        );
+        assert_eq!(
+            row.response_body.as_deref(),
+            Some(want.body.as_slice()),
+            "{} body",
+            want.key
+        );
+        assert_eq!(row.response_headers, want.headers, "{} headers", want.key);
+        let fields = in_redis
+            .get(&want.key)
+            .unwrap_or_else(|| panic!("{} missing from Redis", want.key));
+        assert_eq!(
+            field_text(fields, "mirror"),
+            "mirrored",
+            "{} not acknowledged",
+            want.key
+        );
+        assert_eq!(
+            row.created_at_ms,
+            Some(field_int(fields, "created_at")),
+            "{} created_at",
+            want.key
+        );
+        assert_eq!(
+            row.completed_at_ms,
+            Some(field_int(fields, "completed_at")),
+            "{} completed_at",
+            want.key
+        );
+        assert_eq!(
+            row.expires_at_ms,
+            field_int(fields, "expires_at"),
+            "{} expires_at",
+            want.key
+        );
+    }
+}
+
+/// Records every update that does not move a row's token forward.
+pub async fn install_regression_trap(pg: &tokio_postgres::Client) {
+    pg.batch_execute(
+        "CREATE TABLE token_regressions (key TEXT, old_token BIGINT, new_token BIGINT);
+         CREATE FUNCTION note_token_regression() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.token <= OLD.token THEN
+                 INSERT INTO token_regressions VALUES (OLD.key, OLD.token, NEW.token);
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER idempotency_keys_regression_trap BEFORE UPDATE ON idempotency_keys
+             FOR EACH ROW EXECUTE FUNCTION note_token_regression();",
+    )
+    .await
+    .expect("install the regression trap");
+}
+
+pub async fn assert_no_regressions(pg: &tokio_postgres::Client) {
+    let regressions: i64 = pg
+        .query_one("SELECT count(*) FROM token_regressions", &[])
+        .await
+        .expect("read token_regressions")
+        .get(0);
+    assert_eq!(regressions, 0, "an update did not move a token forward");
+}
+
+/// Applies the writer's migrations through the library.
+pub async fn migrate(url: &str) {
+    let mut client = idem_writer::connect(url).await.expect("connect");
+    idem_writer::migrate(&mut client).await.expect("migrate");
+}
+
+pub async fn connect_pg(url: &str) -> tokio_postgres::Client {
+    idem_writer::connect(url)
+        .await
+        .expect("connect to Postgres")
+}
+
+/// Polls `check` (async) until true or `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `idem-writer` binary running as a child process, its log in a file.
+pub struct WriterProcess {
+    child: Option<Child>,
+    log: PathBuf,
+    pub metrics_addr: SocketAddr,
+}
+
+impl WriterProcess {
+    /// `idem-writer run` with a short claim (so records a killed writer held
+    /// come back quickly) unless `extra` sets one, and a metrics address on a
+    /// free port.
+    pub fn start(redis_urls: &[String], database_url: &str, extra: &[&str]) -> Self {
+        let metrics_addr: SocketAddr = format!("127.0.0.1:{}", idem_testkit::free_port())
+            .parse()
+            .expect("socket address");
+        let log = std::env::temp_dir().join(format!(
+            "idem-writer-test-{}-{}.log",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let log_file = std::fs::File::create(&log).expect("create the writer log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem-writer"));
+        cmd.arg("run");
+        for url in redis_urls {
+            cmd.arg("--redis").arg(url);
+        }
+        let defaults = [
+            ("--claim-ms", "1500"),
+            ("--block-ms", "200"),
+            ("--info-interval", "200ms"),
+        ];
+        for (flag, value) in defaults {
+            if !extra.contains(&flag) {
+                cmd.args([flag, value]);
+            }
+        }
+        cmd.arg("--database-url")
+            .arg(database_url)
+            .arg("--metrics-addr")
+            .arg(metrics_addr.to_string())
+            .args(extra)
+            .env_remove("REDIS_URL")
+            .env_remove("DATABASE_URL")
+            .env("RUST_LOG", "idem_writer=info")
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        let child = cmd.spawn().expect("spawn idem-writer");
+        WriterProcess {
+            child: Some(child),
+            log,
+            metrics_addr,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGKILL, as in a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM: the graceful path.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM");
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// Waits for the process to exit (at most `timeout`).
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "idem-writer did not exit:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// `GET path` on the metrics address: (status code, body).
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        http_get(self.metrics_addr, path)
+    }
+}
+
+impl Drop for WriterProcess {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A minimal HTTP/1.0 GET: (status code, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::Read as _;
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics address");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad response: {head}"));
+    (code, body.to_string())
+}
+
+/// The value of one sample line `name{labels} value` in Prometheus text.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
