@@ -59,7 +59,7 @@ fn module_arguments_at_load_and_their_effect() {
         .module_arg("lease-ms", "5000")
         .module_arg("max-ttl", "86400")
         .module_arg("max-body-bytes", "1000")
-        .module_arg("mirror-claim-ms", "300")
+        .module_arg("mirror-claim-ms", "800")
         .start();
     let mut c = s.conn();
     assert_eq!(
@@ -68,7 +68,7 @@ fn module_arguments_at_load_and_their_effect() {
             ("idem.lease-ms", "5000"),
             ("idem.max-ttl", "86400"),
             ("idem.max-body-bytes", "1000"),
-            ("idem.mirror-claim-ms", "300"),
+            ("idem.mirror-claim-ms", "800"),
         ])
     );
 
@@ -99,7 +99,7 @@ fn module_arguments_at_load_and_their_effect() {
     // mirror-claim-ms is the default claim.
     assert_eq!(pulled_keys(&pull(&mut c, 10, None, None)), ["k"]);
     assert!(pull(&mut c, 10, None, None).is_empty(), "claimed");
-    sleep_ms(350);
+    sleep_ms(850);
     assert_eq!(
         pulled_keys(&pull(&mut c, 10, None, None)),
         ["k"],
@@ -139,16 +139,16 @@ fn config_set_takes_effect_at_once() {
     );
     complete(&mut c, "a", t, 200, b"abc", &[]);
 
-    ok(&mut c, &["CONFIG", "SET", "idem.mirror-claim-ms", "200"]);
-    assert_eq!(config_value(&mut c, "idem.mirror-claim-ms"), "200");
+    ok(&mut c, &["CONFIG", "SET", "idem.mirror-claim-ms", "600"]);
+    assert_eq!(config_value(&mut c, "idem.mirror-claim-ms"), "600");
     assert_eq!(pull(&mut c, 10, None, None).len(), 1);
     assert!(pull(&mut c, 10, None, None).is_empty());
-    sleep_ms(250);
+    sleep_ms(650);
     assert_eq!(pull(&mut c, 10, None, None).len(), 1);
     // An explicit CLAIM still wins.
-    sleep_ms(250);
-    assert_eq!(pull(&mut c, 10, Some(5000), None).len(), 1);
-    sleep_ms(250);
+    sleep_ms(650);
+    assert_eq!(pull(&mut c, 10, Some(60_000), None).len(), 1);
+    sleep_ms(650);
     assert!(pull(&mut c, 10, None, None).is_empty());
 
     // Several at once, and back to the defaults.
