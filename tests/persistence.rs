@@ -321,3 +321,102 @@ fn memory_usage_is_plausible_and_grows_with_the_body() {
         "MEMORY USAGE of a 64 KiB record: {large}"
     );
 }
+
+/// DUMP payloads written by the first release of the module (record format
+/// byte 1, RDB encoding version 1) on Redis 7.0. Later versions of the module
+/// must keep loading them: stored records outlive upgrades.
+const GOLDEN_DONE: &str = "078189d7a6fab79c740105c3409740a91f0131cb0647e9e17aef3eb56d0bf8aca31090399d30006decfac5bbe4ac504e5e14c93086e30873610600bea4bc29a2010000be00e32e4007200a0300c9000e200540000e7b226964223a227061795f31227d0240122000000c200340000c636f6e74656e742d747970651040102000106170706c69636174696f6e2f6a736f6e032013400002782d6e405a40000137d2a07320000000000a006a20a58baac0d1e0";
+const GOLDEN_HELD: &str = "078189d7a6fab79c740105404501cc877e2ef0d694b07bee3c19e6cc3124853df061fadd51fde116439e3a543f9d881ee40873610600e5a4bc29a2010000e500e32ea2010000000000006db8bc29a2010000000a000023503816564ec0";
+const GOLDEN_MIRRORED: &str = "078189d7a6fab79c740105c3404b405b1f012c7f9141283c3b8002d81d9766397cd850e4237dbe4eb44c21ffb157a8cfef1492b0bee408736106000ea5bc29a20100000e01e32e4007200a0100c82003e005000019a025201d0000000a008d6bdc3dcb0e5a8c";
+
+#[test]
+fn first_format_payloads_still_restore() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    for (key, payload) in [
+        ("done", GOLDEN_DONE),
+        ("held", GOLDEN_HELD),
+        ("mir", GOLDEN_MIRRORED),
+    ] {
+        let v: Value = redis::cmd("RESTORE")
+            .arg(key)
+            .arg(0)
+            .arg(hex::decode(payload).unwrap())
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("RESTORE {key}: {e}"));
+        assert_eq!(v, Value::Okay);
+    }
+    assert_eq!(
+        get_rec(&mut c, "done"),
+        Rec {
+            state: "completed".into(),
+            fingerprint: fp_hex(b"fp-golden"),
+            token: 1_795_996_558_526_000,
+            created_at: 1_795_996_558_526,
+            expires_at: 1_796_082_958_526,
+            lease_until: None,
+            status: Some(201),
+            body: Some(br#"{"id":"pay_1"}"#.to_vec()),
+            headers: Some(flat_headers(&[
+                ("content-type", "application/json"),
+                ("x-n", "7")
+            ])),
+            completed_at: Some(1_795_996_558_546),
+            mirror: Some("pending".into()),
+        }
+    );
+    assert_eq!(
+        get_rec(&mut c, "held"),
+        Rec {
+            state: "in_progress".into(),
+            fingerprint: fp_hex(b"fp-held"),
+            token: 1_795_996_558_565_000,
+            created_at: 1_795_996_558_565,
+            expires_at: 1_796_082_958_565,
+            lease_until: Some(1_795_996_563_565),
+            status: None,
+            body: None,
+            headers: None,
+            completed_at: None,
+            mirror: None,
+        }
+    );
+    let mir = get_rec(&mut c, "mir");
+    assert_eq!(
+        (
+            mir.fingerprint,
+            mir.token,
+            mir.status,
+            mir.body,
+            mir.headers,
+            mir.mirror
+        ),
+        (
+            fp_hex(b"fp-m"),
+            1_795_996_558_606_000,
+            Some(200),
+            Some(vec![]),
+            Some(vec![]),
+            Some("mirrored".into())
+        )
+    );
+
+    // They behave: replay, a pending record for the mirror, and the holder's
+    // token still completes (the token decides, not the clock).
+    assert_eq!(
+        begin(&mut c, "done", "fp-golden", 60),
+        Outcome::Replay {
+            status: 201,
+            body: br#"{"id":"pay_1"}"#.to_vec(),
+            headers: flat_headers(&[("content-type", "application/json"), ("x-n", "7")]),
+        }
+    );
+    assert_eq!(pulled_keys(&pull(&mut c, 10, None, None)), ["done"]);
+    complete(&mut c, "held", 1_795_996_558_565_000, 200, b"late", &[]);
+    assert!(matches!(
+        begin(&mut c, "held", "fp-held", 60),
+        Outcome::Replay { status: 200, .. }
+    ));
+    // New tokens exceed every restored one.
+    assert!(begin(&mut c, "fresh", "fp", 60).token() > 1_795_996_558_606_000);
+}
