@@ -59,7 +59,7 @@ pub fn register(ctx: &Context) -> Result<(), String> {
 /// `IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`
 fn begin(call: &Call) -> Result<(), Error> {
     let req = args::begin(&call.args, &config::limits())?;
-    let key = Key::open(call.ctx, call.raw_arg(0));
+    let mut key = Key::open(call.ctx, call.raw_arg(0));
     let now = now_ms();
     let outcome = engine::begin(key.record()?, &req, now, &mut TOKENS.lock());
     let reply = call.reply();
@@ -143,7 +143,7 @@ fn count_stale<T>(r: Result<T, Error>) -> Result<T, Error> {
 /// `IDEM.COMPLETE key token status body [HEADER name value]... [MIRRORED]`
 fn complete(call: &Call) -> Result<(), Error> {
     let req = args::complete(&call.args, &config::limits())?;
-    let key = Key::open(call.ctx, call.raw_arg(0));
+    let mut key = Key::open(call.ctx, call.raw_arg(0));
     count_stale(engine::complete(key.record()?, req, now_ms()))?;
     let record = key.record()?.ok_or(Error::NotFound)?;
     effects::replicate_put(call.ctx, call.raw_arg(0), record);
@@ -157,7 +157,7 @@ fn complete(call: &Call) -> Result<(), Error> {
 /// `IDEM.ABORT key token`
 fn abort(call: &Call) -> Result<(), Error> {
     let req = args::key_token(&call.args, "IDEM.ABORT key token")?;
-    let key = Key::open(call.ctx, call.raw_arg(0));
+    let mut key = Key::open(call.ctx, call.raw_arg(0));
     let record = key.record()?;
     if !engine::may_abort(record.as_deref(), req.token) {
         if record.is_some_and(|r| r.token != req.token) {
@@ -178,7 +178,7 @@ fn abort(call: &Call) -> Result<(), Error> {
 /// `IDEM.TOUCH key token lease-ms`
 fn touch(call: &Call) -> Result<(), Error> {
     let req = args::touch(&call.args)?;
-    let key = Key::open(call.ctx, call.raw_arg(0));
+    let mut key = Key::open(call.ctx, call.raw_arg(0));
     let remaining = count_stale(engine::touch(
         key.record()?,
         req.token,
@@ -199,7 +199,7 @@ fn get(call: &Call) -> Result<(), Error> {
             "wrong number of arguments, usage: IDEM.GET key",
         ));
     }
-    let key = Key::open(call.ctx, call.raw_arg(0));
+    let mut key = Key::open(call.ctx, call.raw_arg(0));
     let Some(r) = key.record()? else {
         call.reply().null();
         return Ok(());

@@ -14,6 +14,39 @@ pub const MAX_MS: i64 = 366 * 24 * 3600 * 1000;
 /// Upper bound of `max-ttl`: ten years, in seconds.
 pub const MAX_TTL_LIMIT: i64 = 10 * 366 * 24 * 3600;
 
+/// Name, minimum and maximum of each config, as registered in `lib.rs`.
+pub const RANGES: &[(&str, i64, i64)] = &[
+    ("lease-ms", 1, MAX_MS),
+    ("max-ttl", 1, MAX_TTL_LIMIT),
+    ("max-body-bytes", 0, MAX_BODY_LIMIT),
+    ("mirror-claim-ms", 1, MAX_MS),
+];
+
+/// Upper bound of `max-body-bytes`: Redis' own 512 MiB string limit.
+pub const MAX_BODY_LIMIT: i64 = 512 * 1024 * 1024;
+
+/// Checks the module's load arguments: `name value` pairs of known configs
+/// with in-range integer values. A bad argument stops the load, loudly.
+pub fn check_load_args(args: &[&[u8]]) -> Result<(), String> {
+    if !args.len().is_multiple_of(2) {
+        return Err("load arguments must be `name value` pairs".into());
+    }
+    for pair in args.chunks(2) {
+        let name = String::from_utf8_lossy(pair[0]);
+        let Some(&(_, min, max)) = RANGES.iter().find(|(n, _, _)| *n == name) else {
+            return Err(format!("unknown load argument '{name}'"));
+        };
+        let value = std::str::from_utf8(pair[1])
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok());
+        match value {
+            Some(v) if (min..=max).contains(&v) => {}
+            _ => return Err(format!("{name} must be an integer between {min} and {max}")),
+        }
+    }
+    Ok(())
+}
+
 fn get(v: &AtomicI64) -> u64 {
     v.load(Ordering::Relaxed).max(0) as u64
 }

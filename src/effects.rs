@@ -46,7 +46,7 @@ pub fn put(call: &Call) -> Result<(), Error> {
         ));
     };
     let record = codec::decode(blob)?;
-    let key = Key::open(call.ctx, call.raw_arg(0));
+    let mut key = Key::open(call.ctx, call.raw_arg(0));
     key.record()?; // refuse to overwrite another type
     TOKENS.lock().observe(record.token);
     mirror::track(call.db(), call.args[0], &record);

@@ -20,7 +20,7 @@ impl Key {
     }
 
     /// The record under the key; `WRONGTYPE` when the key holds something else.
-    pub fn record(&self) -> Result<Option<&mut Record>, Error> {
+    pub fn record(&mut self) -> Result<Option<&mut Record>, Error> {
         unsafe {
             let kind = raw::RedisModule_KeyType.expect("KeyType")(self.ptr);
             if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {

@@ -42,7 +42,12 @@ impl<T> Shared<T> {
 /// Issues fencing tokens on this node.
 pub static TOKENS: Shared<TokenClock> = Shared::new(TokenClock::new());
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    let args: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
+    if let Err(e) = config::check_load_args(&args) {
+        ctx.log_warning(&format!("idem: {e}"));
+        return Status::Err;
+    }
     ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
     stats::register_info(ctx);
     match commands::register(ctx).and_then(|()| mirror::subscribe(ctx)) {
@@ -65,7 +70,7 @@ redis_module! {
         i64: [
             ["lease-ms", &LEASE_MS, 30_000, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
             ["max-ttl", &MAX_TTL, 2_592_000, 1, config::MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["max-body-bytes", &MAX_BODY_BYTES, 1_048_576, 0, 536_870_912, ConfigurationFlags::DEFAULT, None],
+            ["max-body-bytes", &MAX_BODY_BYTES, 1_048_576, 0, config::MAX_BODY_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["mirror-claim-ms", &MIRROR_CLAIM_MS, 30_000, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],

@@ -135,14 +135,14 @@ fn claim<'a>(
 }
 
 /// Opens the key named `name` in the context's database.
-fn with_key<T>(ctx: *mut raw::RedisModuleCtx, name: &[u8], f: impl FnOnce(&Key) -> T) -> T {
+fn with_key<T>(ctx: *mut raw::RedisModuleCtx, name: &[u8], f: impl FnOnce(&mut Key) -> T) -> T {
     unsafe {
         let s = raw::RedisModule_CreateString.expect("CreateString")(
             ctx,
             name.as_ptr().cast::<c_char>(),
             name.len(),
         );
-        let out = f(&Key::open(ctx, s));
+        let out = f(&mut Key::open(ctx, s));
         raw::RedisModule_FreeString.expect("FreeString")(ctx, s);
         out
     }
@@ -270,7 +270,7 @@ extern "C" fn free_db(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
 /// `IDEM.MIRROR.ACK key token`
 pub fn ack(call: &Call) -> Result<(), Error> {
     let req = args::key_token(&call.args, "IDEM.MIRROR.ACK key token")?;
-    let key = Key::open(call.ctx, call.raw_arg(0));
+    let mut key = Key::open(call.ctx, call.raw_arg(0));
     let (matched, changed) = engine::ack(key.record()?, req.token);
     if changed {
         forget(call.db(), req.key);
@@ -283,9 +283,16 @@ pub fn ack(call: &Call) -> Result<(), Error> {
 
 /// Subscribes to the keyspace and flush events that change the index.
 pub fn subscribe(ctx: &Context) -> Result<(), String> {
+    // Every class whose commands can delete or replace a key's value.
     let types = raw::REDISMODULE_NOTIFY_GENERIC
         | raw::REDISMODULE_NOTIFY_EXPIRED
-        | raw::REDISMODULE_NOTIFY_EVICTED;
+        | raw::REDISMODULE_NOTIFY_EVICTED
+        | raw::REDISMODULE_NOTIFY_STRING
+        | raw::REDISMODULE_NOTIFY_LIST
+        | raw::REDISMODULE_NOTIFY_SET
+        | raw::REDISMODULE_NOTIFY_HASH
+        | raw::REDISMODULE_NOTIFY_ZSET
+        | raw::REDISMODULE_NOTIFY_STREAM;
     let ok = unsafe {
         raw::RedisModule_SubscribeToKeyspaceEvents.expect("SubscribeToKeyspaceEvents")(
             ctx.get_raw(),
@@ -295,7 +302,7 @@ pub fn subscribe(ctx: &Context) -> Result<(), String> {
             && raw::RedisModule_SubscribeToServerEvent.expect("SubscribeToServerEvent")(
                 ctx.get_raw(),
                 raw::RedisModuleEvent {
-                    id: raw::REDISMODULE_EVENT_FLUSHDB as u64,
+                    id: raw::REDISMODULE_EVENT_FLUSHDB,
                     dataver: 1,
                 },
                 Some(on_flush),
@@ -312,26 +319,45 @@ extern "C" fn on_keyspace_event(
     key: *mut raw::RedisModuleString,
 ) -> c_int {
     guard("keyspace event", (), || {
-        let event = unsafe { CStr::from_ptr(event) }.to_bytes();
         let name = bytes(key);
         let db = unsafe { raw::RedisModule_GetSelectedDb.expect("GetSelectedDb")(ctx) };
-        match event {
-            b"del" | b"expired" | b"evicted" | b"rename_from" | b"move_from" => {
-                forget(db, name);
-                waiters::key_gone(ctx, db, name);
-            }
-            b"rename_to" | b"move_to" | b"copy_to" | b"restore" => {
-                let rec = with_key(ctx, name, |k| k.record().ok().flatten().cloned());
-                match rec {
-                    Some(r) => track(db, name, &r),
-                    None => forget(db, name),
-                }
-                waiters::key_gone(ctx, db, name);
-            }
-            _ => {}
+        let event = unsafe { CStr::from_ptr(event) }.to_bytes();
+        // A record may arrive under a new name; other events mostly concern
+        // keys idem does not track: return fast for those.
+        let arrives = matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore");
+        let tracked = PENDING
+            .lock()
+            .get(&db)
+            .is_some_and(|i| i.contains_key(name));
+        if !arrives && !tracked && !waiters::has(db, name) {
+            return;
         }
+        match event {
+            b"del" | b"expired" | b"evicted" | b"rename_from" | b"move_from" => forget(db, name),
+            // Anything else may have replaced the value: look again.
+            _ => resync(ctx, db, name),
+        }
+        waiters::key_gone(ctx, db, name);
     });
     raw::REDISMODULE_OK as c_int
+}
+
+/// Re-reads the key and brings its index entry in line.
+fn resync(ctx: *mut raw::RedisModuleCtx, db: i32, name: &[u8]) {
+    let pending = with_key(ctx, name, |k| match k.record() {
+        Ok(Some(r)) if r.mirror_pending() => r.completed().map(|c| (r.token, c.completed_at)),
+        _ => None,
+    });
+    match pending {
+        Some((token, completed_at)) => {
+            PENDING
+                .lock()
+                .entry(db)
+                .or_default()
+                .insert(name, token, completed_at);
+        }
+        None => forget(db, name),
+    }
 }
 
 extern "C" fn on_flush(
@@ -341,7 +367,7 @@ extern "C" fn on_flush(
     data: *mut c_void,
 ) {
     guard("flush event", (), || {
-        if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END as u64 || data.is_null() {
+        if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
             return;
         }
         let db = unsafe { (*data.cast::<raw::RedisModuleFlushInfo>()).dbnum };

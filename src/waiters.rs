@@ -49,6 +49,10 @@ enum Answer {
     Error(Error),
 }
 
+pub fn has(db: i32, key: &[u8]) -> bool {
+    WAITERS.lock().contains_key(&(db, key.to_vec()))
+}
+
 pub fn count() -> usize {
     WAITERS.lock().values().map(|w| w.queue.len()).sum()
 }
@@ -167,7 +171,7 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
             break;
         };
         let bc = waiter.bc;
-        let handle = Key::open(ctx, name);
+        let mut handle = Key::open(ctx, name);
         let req = args::Begin {
             key,
             fingerprint: waiter.fingerprint,
@@ -291,7 +295,7 @@ extern "C" fn on_timeout(
         let bc = raw::RedisModule_GetBlockedClientHandle.expect("GetBlockedClientHandle")(ctx);
         remove(bc);
         let retry_after = if argc > 1 {
-            let key = Key::open(ctx, *argv.add(1));
+            let mut key = Key::open(ctx, *argv.add(1));
             match key.record() {
                 Ok(Some(r)) => lease_end(&r.state).saturating_sub(now_ms()),
                 _ => 0,

@@ -46,6 +46,10 @@ impl PendingIndex {
         true
     }
 
+    pub fn contains_key(&self, key: &[u8]) -> bool {
+        self.by_key.contains_key(key)
+    }
+
     pub fn contains(&self, key: &[u8], token: u64) -> bool {
         self.by_key.get(key).is_some_and(|e| e.token == token)
     }
