@@ -1,5 +1,6 @@
 //! Settings from the environment: `REDIS_URL`, `DATABASE_URL`, `PORT`,
-//! `READ_THROUGH`, `WAIT_MS`, `LEASE_MS`.
+//! `READ_THROUGH`, `WAIT_MS`, `LEASE_MS`, `PG_POOL_SIZE`,
+//! `PROCESSOR_DELAY_MS`.
 
 use std::time::Duration;
 
@@ -16,6 +17,8 @@ pub struct Settings {
     pub wait: Option<Duration>,
     pub lease: Duration,
     pub pool_size: usize,
+    /// Simulated payment-processor latency per new payment (demo; 0 = none).
+    pub processor_delay: Duration,
 }
 
 impl Settings {
@@ -45,7 +48,9 @@ impl Settings {
             Some(n) => n.parse().with_context(|| format!("PG_POOL_SIZE={n:?}"))?,
             None => 16,
         };
+        let processor_delay = millis(&get, "PROCESSOR_DELAY_MS")?.unwrap_or(Duration::ZERO);
         Ok(Settings {
+            processor_delay,
             redis_url,
             database_url,
             port,

@@ -8,6 +8,7 @@ pub mod db;
 pub mod payments;
 
 use std::future::Future;
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::http::HeaderName;
@@ -25,6 +26,22 @@ pub const ACCOUNT_HEADER: HeaderName = HeaderName::from_static("x-account-id");
 #[derive(Clone)]
 pub struct AppState {
     pub db: Pool,
+    /// Simulated payment-processor latency before each new payment (demo).
+    pub processor_delay: Duration,
+}
+
+impl AppState {
+    pub fn new(db: Pool) -> Self {
+        AppState {
+            db,
+            processor_delay: Duration::ZERO,
+        }
+    }
+
+    pub fn with_processor_delay(mut self, delay: Duration) -> Self {
+        self.processor_delay = delay;
+        self
+    }
 }
 
 /// The routes alone, without idempotency.

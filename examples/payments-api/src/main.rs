@@ -19,7 +19,8 @@ async fn main() -> anyhow::Result<()> {
     if let Some(wait) = settings.wait {
         layer = layer.wait_for_result(wait);
     }
-    let router = app(AppState { db: pool }, layer);
+    let state = AppState::new(pool).with_processor_delay(settings.processor_delay);
+    let router = app(state, layer);
     let address = ("127.0.0.1", settings.port);
     let listener = tokio::net::TcpListener::bind(address)
         .await

@@ -62,6 +62,10 @@ pub async fn create_payment(State(state): State<AppState>, body: Bytes) -> Respo
             violation,
         );
     }
+    if !state.processor_delay.is_zero() {
+        // Stands in for the call to a payment processor.
+        tokio::time::sleep(state.processor_delay).await;
+    }
     let recipient = request.recipient.trim();
     match db::insert_payment(&state.db, request.amount, &request.currency, recipient).await {
         Ok(payment) => {

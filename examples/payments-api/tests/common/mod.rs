@@ -84,7 +84,7 @@ impl TestApp {
         if let Some(lease) = options.lease {
             layer = layer.lease(lease);
         }
-        let mut router = routes(AppState { db: pool.clone() });
+        let mut router = routes(AppState::new(pool.clone()));
         if let Some(delay) = options.handler_delay {
             router = router.layer(from_fn(move |request: Request, next: Next| async move {
                 tokio::time::sleep(delay).await;

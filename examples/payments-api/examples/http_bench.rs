@@ -1,0 +1,280 @@
+//! HTTP load generator: the payments API without the idempotency layer, with
+//! it (read-through off), with it and read-through on, and replays of one
+//! key, served in-process on real TCP and measured in one run, rounds
+//! interleaved. Every request carries a fresh key (except the replay
+//! variant). Prints throughput ratios and added p50/p99 latency.
+//!
+//! Settings (env): BENCH_SECONDS per variant and round (2), BENCH_ROUNDS (5),
+//! BENCH_CONCURRENCY (32). Besides the totals, the median over rounds of the
+//! per-round throughput ratio is printed: it resists bursts of load from
+//! other processes on the machine. Needs redis-server, the built module and Postgres
+//! (DATABASE_URL or the local one), like the tests.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_example_payments::{app, db, idempotency_layer, routes, serve, AppState};
+use idem_testkit::{PgDatabase, RedisServer};
+use tokio::sync::oneshot;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Plain,
+    Layer,
+    LayerReadThrough,
+    Replay,
+}
+
+impl Variant {
+    const ALL: [Variant; 4] = [
+        Variant::Plain,
+        Variant::Layer,
+        Variant::LayerReadThrough,
+        Variant::Replay,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Plain => "without layer",
+            Variant::Layer => "layer, read-through off",
+            Variant::LayerReadThrough => "layer, read-through on",
+            Variant::Replay => "layer, replay of one key",
+        }
+    }
+}
+
+#[derive(Default)]
+struct Measured {
+    latencies_us: Vec<u64>,
+    elapsed: Duration,
+    errors: u64,
+}
+
+impl Measured {
+    fn throughput(&self) -> f64 {
+        self.latencies_us.len() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile_ms(&mut self, p: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return f64::NAN;
+        }
+        self.latencies_us.sort_unstable();
+        let index = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies_us[index] as f64 / 1000.0
+    }
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let seconds = env_number("BENCH_SECONDS", 2);
+    let rounds = env_number("BENCH_ROUNDS", 5);
+    let concurrency = env_number("BENCH_CONCURRENCY", 32) as usize;
+
+    let redis = RedisServer::start();
+    let database = PgDatabase::create();
+    let pool = db::pool(&database.url, 32)?;
+    db::migrate(&pool).await?;
+    idem_writer::migrate(&mut database.connect().await).await?;
+    let state = AppState::new(pool.clone());
+
+    let plain = routes(state.clone());
+    let layered = app(state.clone(), idempotency_layer(&redis.url(), None).await?);
+    let read_through = app(
+        state,
+        idempotency_layer(&redis.url(), Some(pool.clone())).await?,
+    );
+    let mut stops = Vec::new();
+    let mut bases = Vec::new();
+    for router in [plain, layered.clone(), read_through, layered] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        bases.push(format!("http://{}/payments", listener.local_addr()?));
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(serve(listener, router, async move {
+            let _ = stopped.await;
+        }));
+        stops.push(stop);
+    }
+
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .build()?;
+    // The one key every replay request repeats.
+    let seeded = post(&http, &bases[3], Some("bench-replay")).await;
+    anyhow::ensure!(seeded == Some(201), "seeding the replay key: {seeded:?}");
+
+    println!(
+        "HTTP bench: {concurrency} concurrent clients, {rounds} rounds x {seconds} s per variant, \
+         POST /payments (one INSERT per new request)"
+    );
+    let mut results: Vec<Measured> = Variant::ALL.iter().map(|_| Measured::default()).collect();
+    let mut round_ratios: Vec<Vec<f64>> = Variant::ALL.iter().map(|_| Vec::new()).collect();
+    let sequence = AtomicU64::new(0);
+    for round in 0..rounds {
+        let mut plain_rps = f64::NAN;
+        for (index, variant) in Variant::ALL.into_iter().enumerate() {
+            // Warm-up, not counted.
+            let _ = load(
+                &http,
+                &bases[index],
+                variant,
+                concurrency,
+                Duration::from_millis(300),
+                &sequence,
+            )
+            .await;
+            let measured = load(
+                &http,
+                &bases[index],
+                variant,
+                concurrency,
+                Duration::from_secs(seconds),
+                &sequence,
+            )
+            .await;
+            eprintln!(
+                "  round {} {:<26} {:>8.0} req/s",
+                round + 1,
+                variant.label(),
+                measured.throughput()
+            );
+            if variant == Variant::Plain {
+                plain_rps = measured.throughput();
+            }
+            round_ratios[index].push(measured.throughput() / plain_rps);
+            let total = &mut results[index];
+            total.latencies_us.extend(measured.latencies_us);
+            total.elapsed += measured.elapsed;
+            total.errors += measured.errors;
+        }
+    }
+
+    println!(
+        "\n{:<26} {:>10} {:>9} {:>9} {:>7}",
+        "variant", "req/s", "p50 ms", "p99 ms", "errors"
+    );
+    let mut figures = Vec::new();
+    for (variant, measured) in Variant::ALL.iter().zip(results.iter_mut()) {
+        let (rps, p50, p99) = (
+            measured.throughput(),
+            measured.percentile_ms(0.50),
+            measured.percentile_ms(0.99),
+        );
+        println!(
+            "{:<26} {:>10.0} {:>9.2} {:>9.2} {:>7}",
+            variant.label(),
+            rps,
+            p50,
+            p99,
+            measured.errors
+        );
+        figures.push((rps, p50, p99));
+    }
+    let (base_rps, base_p50, base_p99) = figures[0];
+    println!();
+    for (index, name) in [(1, "read-through off"), (2, "read-through on")] {
+        let (rps, p50, p99) = figures[index];
+        println!(
+            "layer ({name}): throughput {:.2}x of without (median of rounds {:.2}x; target >= 0.8x \
+             with read-through off), added latency p50 {:+.2} ms, p99 {:+.2} ms",
+            rps / base_rps,
+            median(&mut round_ratios[index]),
+            p50 - base_p50,
+            p99 - base_p99
+        );
+    }
+    println!(
+        "replay of one key: {:.2}x the throughput of a new payment without the layer",
+        figures[3].0 / base_rps
+    );
+    let rows: i64 = pool
+        .get()
+        .await?
+        .query_one("SELECT count(*) FROM payments", &[])
+        .await?
+        .get(0);
+    println!("payments rows written: {rows}");
+
+    for stop in stops {
+        let _ = stop.send(());
+    }
+    Ok(())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+/// `concurrency` workers posting for `duration`; fresh keys unless replaying.
+async fn load(
+    http: &reqwest::Client,
+    base: &str,
+    variant: Variant,
+    concurrency: usize,
+    duration: Duration,
+    sequence: &AtomicU64,
+) -> Measured {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let errors = Arc::new(AtomicU64::new(0));
+    let workers = (0..concurrency).map(|_| {
+        let errors = errors.clone();
+        async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let key = match variant {
+                    Variant::Plain => None,
+                    Variant::Replay => Some("bench-replay".to_string()),
+                    _ => Some(format!(
+                        "bench-{}",
+                        sequence.fetch_add(1, Ordering::Relaxed)
+                    )),
+                };
+                let sent = Instant::now();
+                let status = post(http, base, key.as_deref()).await;
+                if status == Some(201) {
+                    latencies.push(sent.elapsed().as_micros() as u64);
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            latencies
+        }
+    });
+    let latencies_us = futures_util::future::join_all(workers)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    Measured {
+        latencies_us,
+        elapsed: started.elapsed(),
+        errors: errors.load(Ordering::Relaxed),
+    }
+}
+
+async fn post(http: &reqwest::Client, url: &str, key: Option<&str>) -> Option<u16> {
+    let mut request = http
+        .post(url)
+        .header("content-type", "application/json")
+        .body(r#"{"amount":1250,"currency":"EUR","recipient":"acct_bench"}"#);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let response = request.send().await.ok()?;
+    let status = response.status().as_u16();
+    response.bytes().await.ok()?;
+    Some(status)
+}
