@@ -63,6 +63,7 @@ where
     match begin(&config, &key, &fingerprint).await {
         Ok(Outcome::New { token }) => run_new(config, inner, request, key, token).await,
         Ok(Outcome::InFlight { retry_after }) => {
+            let retry_after = retry_after.min(config.max_retry_after);
             Ok(Problem::InFlight { retry_after }.into_response())
         }
         Ok(Outcome::Replay(stored)) => Ok(replay_response(stored)),

@@ -45,6 +45,7 @@ pub(crate) struct Config<C> {
     pub(crate) store_policy: Arc<StorePolicyFn>,
     pub(crate) fail_open: bool,
     pub(crate) fingerprinter: Fingerprinter,
+    pub(crate) max_retry_after: Duration,
 }
 
 impl<C: Clone> Clone for Config<C> {
@@ -66,6 +67,7 @@ impl<C: Clone> Clone for Config<C> {
             store_policy: self.store_policy.clone(),
             fail_open: self.fail_open,
             fingerprinter: self.fingerprinter.clone(),
+            max_retry_after: self.max_retry_after,
         }
     }
 }
@@ -96,6 +98,7 @@ impl<C> IdempotencyLayer<C> {
                 store_policy: Arc::new(default_store_policy),
                 fail_open: false,
                 fingerprinter: Fingerprinter::new().canonical_json(true),
+                max_retry_after: Duration::from_secs(2),
             },
         }
     }
@@ -212,6 +215,14 @@ impl<C> IdempotencyLayer<C> {
     /// idempotency instead of answering 503 [false: fail closed].
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.config.fail_open = fail_open;
+        self
+    }
+
+    /// Upper bound of the `Retry-After` of a 409 [2 s]. The module answers the
+    /// holder's remaining lease, which renewal keeps near the full lease: an
+    /// upper bound of the wait, not an estimate.
+    pub fn max_retry_after(mut self, max: Duration) -> Self {
+        self.config.max_retry_after = max;
         self
     }
 
