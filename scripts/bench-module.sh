@@ -32,7 +32,7 @@ MEM_RECORDS=${MEM_RECORDS:-100000}
 FRESH_KEYSPACE=1000000000 # -r: keys drawn from 10^9, so repeats are rare
 TTL=3600
 LEASE_MS=30000
-FP=$(printf 'f%.0s' {1..64})   # a 64-byte fingerprint (a hex SHA-256's size)
+FP=$(printf 'f%.0s' {1..32})   # a 32-byte fingerprint, as idem-client sends (raw SHA-256)
 BODY=$(printf 'b%.0s' {1..256}) # a 256-byte response body
 
 for tool in redis-server redis-cli redis-benchmark awk; do
@@ -304,7 +304,7 @@ echo "  Lua BEGIN    ${R_LUA[*]}"
 echo "  BEGIN replay ${R_REPLAY[*]}"
 echo "  GET          ${R_GET[*]}"
 echo "  Lua replay   ${R_LUA_REPLAY[*]}"
-echo "requests: $REQUESTS per phase ($LUA_REQUESTS for Lua), keys: 36 B (memory), body: 256 B," \
+echo "requests: $REQUESTS per phase ($LUA_REQUESTS for Lua), fingerprint: 32 B, keys: 36 B (memory), body: 256 B," \
     "$MEM_RECORDS records per memory variant"
 
 if [[ $FAILED == 1 ]]; then
