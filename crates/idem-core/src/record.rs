@@ -75,3 +75,15 @@ impl Record {
         n
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_is_compact() {
+        // One jemalloc size class for the record itself (body separate).
+        println!("size_of::<Record>() = {}", std::mem::size_of::<Record>());
+        assert!(std::mem::size_of::<Record>() <= 128);
+    }
+}
