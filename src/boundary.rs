@@ -6,12 +6,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use idem_core::Error;
 use redis_module::raw;
+use smallvec::SmallVec;
 
 /// One command invocation: the raw context and its arguments (name excluded).
 pub struct Call<'a> {
     pub ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
-    pub args: Vec<&'a [u8]>,
+    /// Arguments after the command name; no heap allocation for up to 12.
+    pub args: SmallVec<[&'a [u8]; 12]>,
 }
 
 impl Call<'_> {

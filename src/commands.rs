@@ -60,8 +60,7 @@ pub fn register(ctx: &Context) -> Result<(), String> {
 fn begin(call: &Call) -> Result<(), Error> {
     let req = args::begin(&call.args, &config::limits())?;
     let mut key = Key::open(call.ctx, call.raw_arg(0));
-    let now = now_ms();
-    let outcome = engine::begin(key.record()?, &req, now, &mut TOKENS.lock());
+    let outcome = engine::begin(key.record()?, &req, now_ms, &mut TOKENS.lock());
     let reply = call.reply();
     match outcome {
         Begin::Created(record) => {
@@ -80,7 +79,7 @@ fn begin(call: &Call) -> Result<(), Error> {
         }
         Begin::InFlight { retry_after_ms } => {
             if req.wait_ms.is_some_and(|ms| ms > 0)
-                && waiters::wait(call, &req, now + retry_after_ms)
+                && waiters::wait(call, &req, now_ms() + retry_after_ms)
             {
                 return Ok(());
             }

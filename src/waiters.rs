@@ -179,7 +179,6 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
             lease_ms: waiter.lease_ms,
             wait_ms: None,
         };
-        let now = now_ms();
         let record = match handle.record() {
             Ok(r) => r,
             Err(e) => {
@@ -187,7 +186,7 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
                 continue;
             }
         };
-        let answer_now = match engine::begin(record, &req, now, &mut TOKENS.lock()) {
+        let answer_now = match engine::begin(record, &req, now_ms, &mut TOKENS.lock()) {
             Begin::Created(record) => {
                 effects::replicate_put(ctx, name, &record);
                 let (token, lease_until) = (record.token, lease_end(&record.state));
@@ -206,7 +205,7 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
                 let mut all = WAITERS.lock();
                 if let Some(entry) = all.get_mut(&id) {
                     entry.queue.push_front(waiter);
-                    arm_timer(ctx, entry, &id, now + retry_after_ms);
+                    arm_timer(ctx, entry, &id, now_ms() + retry_after_ms);
                 }
                 None
             }

@@ -24,13 +24,16 @@ pub enum Begin<'r> {
     Mismatch,
 }
 
+/// Decides `IDEM.BEGIN`. The clock is read only when the answer depends on
+/// it: a replay or a mismatch never reads it.
 pub fn begin<'r>(
     existing: Option<&'r mut Record>,
     req: &args::Begin,
-    now: u64,
+    now: impl FnOnce() -> u64,
     tokens: &mut TokenClock,
 ) -> Begin<'r> {
     let Some(rec) = existing else {
+        let now = now();
         return Begin::Created(Record {
             fingerprint: req.fingerprint,
             token: tokens.next(now),
@@ -44,18 +47,20 @@ pub fn begin<'r>(
     if rec.fingerprint != req.fingerprint {
         return Begin::Mismatch;
     }
-    match &mut rec.state {
-        State::Completed(c) => Begin::Replay(c),
-        State::InProgress { lease_until } if *lease_until > now => Begin::InFlight {
+    let lease_until = match &mut rec.state {
+        State::Completed(c) => return Begin::Replay(c),
+        State::InProgress { lease_until } => lease_until,
+    };
+    let now = now();
+    if *lease_until > now {
+        return Begin::InFlight {
             retry_after_ms: *lease_until - now,
-        },
-        State::InProgress { lease_until } => {
-            tokens.observe(rec.token);
-            rec.token = tokens.next(now);
-            *lease_until = now.saturating_add(req.lease_ms);
-            Begin::TakenOver { token: rec.token }
-        }
+        };
     }
+    *lease_until = now.saturating_add(req.lease_ms);
+    tokens.observe(rec.token);
+    rec.token = tokens.next(now);
+    Begin::TakenOver { token: rec.token }
 }
 
 /// Checks that `token` holds the in-progress record.
@@ -147,7 +152,7 @@ mod tests {
     }
 
     fn created(tokens: &mut TokenClock, now: u64) -> Record {
-        match begin(None, &req(b"a", 1000), now, tokens) {
+        match begin(None, &req(b"a", 1000), || now, tokens) {
             Begin::Created(r) => r,
             other => panic!("{other:?}"),
         }
@@ -160,23 +165,23 @@ mod tests {
         assert_eq!(r.expires_at, 60_010);
         assert_eq!(r.state, State::InProgress { lease_until: 1010 });
         assert_eq!(
-            begin(Some(&mut r), &req(b"a", 1000), 400, &mut t),
+            begin(Some(&mut r), &req(b"a", 1000), || 400, &mut t),
             Begin::InFlight {
                 retry_after_ms: 610
             }
         );
         assert_eq!(
-            begin(Some(&mut r), &req(b"b", 1000), 400, &mut t),
+            begin(Some(&mut r), &req(b"b", 1000), || 400, &mut t),
             Begin::Mismatch
         );
         let token = r.token;
         complete(Some(&mut r), done(token), 500).unwrap();
-        match begin(Some(&mut r), &req(b"a", 1000), 600, &mut t) {
+        match begin(Some(&mut r), &req(b"a", 1000), || 600, &mut t) {
             Begin::Replay(c) => assert_eq!((c.status, c.completed_at), (201, 500)),
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            begin(Some(&mut r), &req(b"b", 1000), 600, &mut t),
+            begin(Some(&mut r), &req(b"b", 1000), || 600, &mut t),
             Begin::Mismatch
         );
     }
@@ -186,7 +191,8 @@ mod tests {
         let mut t = TokenClock::default();
         let mut r = created(&mut t, 10);
         let old = r.token;
-        let Begin::TakenOver { token } = begin(Some(&mut r), &req(b"a", 50), 1010, &mut t) else {
+        let Begin::TakenOver { token } = begin(Some(&mut r), &req(b"a", 50), || 1010, &mut t)
+        else {
             panic!()
         };
         assert!(token > old);
@@ -253,7 +259,7 @@ mod tests {
                 match op {
                     Op::Begin { same_fp, lease } => {
                         let r = req(if same_fp { b"a" } else { b"b" }, lease);
-                        match begin(rec.as_mut(), &r, now, &mut t) {
+                        match begin(rec.as_mut(), &r, || now, &mut t) {
                             Begin::Created(new) => {
                                 prop_assert!(before.is_none());
                                 prop_assert!(issued.iter().all(|&x| x < new.token));
