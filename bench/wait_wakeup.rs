@@ -83,7 +83,7 @@ async fn waiting(server: &RedisServer, n: usize) -> (Duration, f64) {
                 .query_async(&mut con)
                 .await
                 .unwrap();
-            assert_eq!(v[0], Value::SimpleString("replay".into()), "{v:?}");
+            assert_eq!(v[0], Value::BulkString(b"replay".to_vec()), "{v:?}");
             Instant::now()
         }));
     }
@@ -119,7 +119,7 @@ async fn polling(server: &RedisServer, n: usize) -> f64 {
                     .query_async(&mut con)
                     .await
                     .unwrap();
-                if v[0] == Value::SimpleString("replay".into()) {
+                if v[0] == Value::BulkString(b"replay".to_vec()) {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;

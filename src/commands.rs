@@ -100,19 +100,19 @@ fn begin(call: &Call) -> Result<(), Error> {
 
 pub fn reply_new(reply: Reply, token: u64) {
     reply.array(2);
-    reply.simple(c"new");
+    reply.bulk(b"new");
     reply.int(token);
 }
 
 pub fn reply_in_flight(reply: Reply, retry_after_ms: u64) {
     reply.array(2);
-    reply.simple(c"in_flight");
+    reply.bulk(b"in_flight");
     reply.int(retry_after_ms);
 }
 
 pub fn reply_replay(reply: Reply, c: &Completed) {
     reply.array(4);
-    reply.simple(c"replay");
+    reply.bulk(b"replay");
     reply.int(u64::from(c.status));
     reply.bulk(&c.body);
     reply_headers(reply, c);
@@ -120,7 +120,7 @@ pub fn reply_replay(reply: Reply, c: &Completed) {
 
 pub fn reply_mismatch(reply: Reply) {
     reply.array(1);
-    reply.simple(c"mismatch");
+    reply.bulk(b"mismatch");
 }
 
 pub fn reply_headers(reply: Reply, c: &Completed) {
@@ -208,40 +208,40 @@ fn get(call: &Call) -> Result<(), Error> {
 }
 
 fn reply_record(reply: Reply, r: &Record) {
-    let common = |state: &std::ffi::CStr, pairs: usize| {
+    let common = |state: &[u8], pairs: usize| {
         reply.array(pairs * 2);
-        reply.simple(c"state");
-        reply.simple(state);
-        reply.simple(c"fingerprint");
+        reply.bulk(b"state");
+        reply.bulk(state);
+        reply.bulk(b"fingerprint");
         reply.bulk(hex::encode(r.fingerprint).as_bytes());
-        reply.simple(c"token");
+        reply.bulk(b"token");
         reply.int(r.token);
-        reply.simple(c"created_at");
+        reply.bulk(b"created_at");
         reply.int(r.created_at);
-        reply.simple(c"expires_at");
+        reply.bulk(b"expires_at");
         reply.int(r.expires_at);
     };
     match &r.state {
         State::InProgress { lease_until } => {
-            common(c"in_progress", 6);
-            reply.simple(c"lease_until");
+            common(b"in_progress", 6);
+            reply.bulk(b"lease_until");
             reply.int(*lease_until);
         }
         State::Completed(c) => {
-            common(c"completed", 10);
-            reply.simple(c"status");
+            common(b"completed", 10);
+            reply.bulk(b"status");
             reply.int(u64::from(c.status));
-            reply.simple(c"body");
+            reply.bulk(b"body");
             reply.bulk(&c.body);
-            reply.simple(c"headers");
+            reply.bulk(b"headers");
             reply_headers(reply, c);
-            reply.simple(c"completed_at");
+            reply.bulk(b"completed_at");
             reply.int(c.completed_at);
-            reply.simple(c"mirror");
-            reply.simple(if r.mirror_pending() {
-                c"pending"
+            reply.bulk(b"mirror");
+            reply.bulk(if r.mirror_pending() {
+                b"pending"
             } else {
-                c"mirrored"
+                b"mirrored"
             });
         }
     }

@@ -2,7 +2,7 @@
 //! resulting record (with absolute times) as `IDEM._PUT key blob`, or a
 //! `DEL`. Replicas and AOF replay apply effects without deciding anything.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_int};
 
 use idem_core::{codec, Error, Record};
 use redis_module::raw;
@@ -37,9 +37,17 @@ pub fn replicate_del(ctx: *mut raw::RedisModuleCtx, key: *mut raw::RedisModuleSt
     };
 }
 
-/// `IDEM._PUT key blob`: internal; stores a record decided elsewhere (by the
-/// primary, or in an AOF). Like RESTORE, it trusts the blob after decoding.
+/// `IDEM._PUT key blob`: stores a record decided elsewhere. Accepted only
+/// from the replication stream and while loading the AOF: a client cannot
+/// forge records or tokens with it.
 pub fn put(call: &Call) -> Result<(), Error> {
+    let trusted =
+        (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) as c_int;
+    if call.flags() & trusted == 0 {
+        return Err(Error::NoPerm(
+            "IDEM._PUT is applied only from the replication stream or the AOF".into(),
+        ));
+    }
     let [_, blob] = call.args[..] else {
         return Err(Error::bad_arg(
             "wrong number of arguments, usage: IDEM._PUT key blob",

@@ -463,8 +463,8 @@ fn garbage_never_takes_the_server_down() {
                         "WRONGTYPE"
                     ]
                     .contains(&code)
-                        // The internal effect command decodes a record blob.
-                        || (code == "CORRUPT" && args[0] == b"IDEM._PUT"),
+                        // The internal effect command refuses clients.
+                        || (code == "NOPERM" && args[0] == b"IDEM._PUT"),
                     "unexpected error {e} for {args:?}"
                 );
             }
@@ -602,4 +602,19 @@ fn out_of_memory_refuses_growth_but_lets_holders_finish_or_release() {
     assert!(get(&mut c, "held").is_some());
     ok(&mut c, &["CONFIG", "SET", "maxmemory", "0"]);
     complete(&mut c, "held", held, 200, b"x", &[]);
+}
+
+#[test]
+fn clients_cannot_forge_records_with_the_internal_effect_command() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    let token = begin(&mut c, "src", "fp", 60).token();
+    let blob = bytes(&ok(&mut c, &["DUMP", "src"]));
+    assert_err(&mut c, &["IDEM._PUT", "forged", "garbage"], "NOPERM");
+    let mut cmd = redis::cmd("IDEM._PUT");
+    cmd.arg("forged").arg(blob);
+    let e = cmd.query::<Value>(&mut c).unwrap_err();
+    assert_eq!(e.code(), Some("NOPERM"));
+    assert_eq!(ok(&mut c, &["EXISTS", "forged"]), Value::Int(0));
+    assert_eq!(get_rec(&mut c, "src").token, token);
 }

@@ -297,7 +297,7 @@ fn replay_shape_binary_bodies_and_headers() {
     assert_eq!(
         raw_reply,
         Value::Array(vec![
-            Value::SimpleString("replay".into()),
+            Value::BulkString(b"replay".to_vec()),
             Value::Int(204),
             Value::BulkString(vec![]),
             Value::Array(vec![]),
@@ -361,16 +361,16 @@ fn reply_types_are_exact() {
     let mut c = s.conn();
     let v = ok(&mut c, &["IDEM.BEGIN", "k", "fp", "60"]);
     let a = array(&v);
-    // Outcome words are simple strings; numbers are integers.
-    assert_eq!(a[0], Value::SimpleString("new".into()));
+    // Outcome words are bulk strings (plain strings in Lua); numbers are integers.
+    assert_eq!(a[0], Value::BulkString(b"new".to_vec()));
     assert!(matches!(a[1], Value::Int(_)));
     let v = ok(&mut c, &["IDEM.BEGIN", "k", "fp", "60"]);
-    assert_eq!(array(&v)[0], Value::SimpleString("in_flight".into()));
+    assert_eq!(array(&v)[0], Value::BulkString(b"in_flight".to_vec()));
     assert!(matches!(array(&v)[1], Value::Int(_)));
     let v = ok(&mut c, &["IDEM.BEGIN", "k", "other", "60"]);
     assert_eq!(
         v,
-        Value::Array(vec![Value::SimpleString("mismatch".into())])
+        Value::Array(vec![Value::BulkString(b"mismatch".to_vec())])
     );
     assert_eq!(ok(&mut c, &["IDEM.GET", "nothing"]), Value::Nil);
 }
@@ -581,12 +581,12 @@ fn inside_multi() {
 fn from_lua_scripts() {
     let s = RedisServer::start();
     let mut c = s.conn();
-    // Outcome words are status replies: Lua sees them as {ok = word}.
+    // Outcome words are bulk strings: Lua compares them as plain strings.
     let script = r#"
         local r = redis.call('IDEM.BEGIN', KEYS[1], ARGV[1], ARGV[2])
-        if r[1].ok ~= 'new' then return r end
+        if r[1] ~= 'new' then return r end
         local again = redis.call('IDEM.BEGIN', KEYS[1], ARGV[1], ARGV[2])
-        assert(again[1].ok == 'in_flight', 'second BEGIN in flight')
+        assert(again[1] == 'in_flight', 'second BEGIN in flight')
         redis.call('IDEM.COMPLETE', KEYS[1], r[2], 201, 'from-lua', 'HEADER', 'h', 'v')
         return redis.call('IDEM.BEGIN', KEYS[1], ARGV[1], ARGV[2])
     "#;

@@ -155,11 +155,11 @@ fn expiry_is_replicated() {
     let (primary, replica) = pair();
     let mut p = primary.conn();
     let mut r = replica.conn();
-    completed(&mut p, "short", "fp", 1, b"x");
+    completed(&mut p, "short", "fp", 3, b"x");
     assert_same(&mut p, &mut r, &["short"]);
     let pr = pexpiretime(&mut r, "short");
     assert!(pr > 0);
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(Duration::from_secs(10), || {
         int(&ok(&mut p, &["EXISTS", "short"])) == 0
     }));
     assert_same(&mut p, &mut r, &["short"]);

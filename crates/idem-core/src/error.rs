@@ -20,6 +20,8 @@ pub enum Error {
     WrongType,
     /// A stored value could not be decoded.
     Corrupt(String),
+    /// An internal command called by a client.
+    NoPerm(String),
     /// A panic was caught at the command boundary.
     Internal(String),
 }
@@ -39,6 +41,7 @@ impl Error {
             Error::TooLarge { .. } => "TOOLARGE",
             Error::WrongType => "WRONGTYPE",
             Error::Corrupt(_) => "CORRUPT",
+            Error::NoPerm(_) => "NOPERM",
             Error::Internal(_) => "INTERNAL",
         }
     }
@@ -59,7 +62,7 @@ impl fmt::Display for Error {
                 f,
                 "{code} Operation against a key holding the wrong kind of value"
             ),
-            Error::Corrupt(msg) => write!(f, "{code} {msg}"),
+            Error::Corrupt(msg) | Error::NoPerm(msg) => write!(f, "{code} {msg}"),
             Error::Internal(msg) => write!(f, "{code} {msg}"),
         }
     }
