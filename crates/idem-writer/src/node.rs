@@ -1,12 +1,15 @@
-//! The mirror loop for one Redis primary: pull a batch, commit it to
-//! Postgres in one statement, acknowledge it, repeat; plus the poller that
-//! reads the node's pending gauges.
+//! The mirror for one Redis primary, as two stages joined by a one-slot
+//! channel: the puller (its own connection, for the blocking PULL) fetches
+//! the next batch while the committer upserts the current one in a single
+//! statement and then acknowledges it (on a second connection). At most two
+//! batches are in memory: the one being committed and the next one.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -18,15 +21,19 @@ use crate::record::{parse_pull_reply, MirrorRecord, RecordError, Rejected};
 use crate::redis_node::RedisNode;
 
 /// The two stages of shutdown: `stop` ends pulling; `abort` (a grace period
-/// later) gives up retrying the batch in hand.
+/// later) gives up retrying the batches in hand.
 #[derive(Clone)]
 pub struct Shutdown {
     pub stop: CancellationToken,
     pub abort: CancellationToken,
 }
 
+/// What the mirror of one node needs.
 pub struct NodeLoop {
-    pub node: RedisNode,
+    /// Connection for `IDEM.MIRROR.PULL ... BLOCK`.
+    pub pull_node: RedisNode,
+    /// Connection for the acknowledgements, never held up by a blocked pull.
+    pub ack_node: RedisNode,
     pub node_index: usize,
     pub pool: Pool,
     pub config: Arc<WriterConfig>,
@@ -34,72 +41,192 @@ pub struct NodeLoop {
     pub shutdown: Shutdown,
 }
 
+/// A pulled batch and when its reply arrived.
+struct Batch {
+    records: Vec<MirrorRecord>,
+    pulled_at: Instant,
+}
+
+/// Shared by both stages.
+struct Context {
+    label: String,
+    node_index: usize,
+    config: Arc<WriterConfig>,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+}
+
 impl NodeLoop {
-    /// Runs until shutdown. At most one batch is in hand at any time; the
-    /// batch latency runs from the pull's reply to the acknowledgement.
-    pub async fn run(mut self) {
-        let mut redis_backoff = Backoff::new(self.config.retry_initial, self.config.retry_max);
-        while !self.shutdown.stop.is_cancelled() {
-            if let Err(error) = self.node.connect().await {
-                self.redis_failed(ErrorKind::RedisConnect, &error);
-                if !sleep_unless(&self.shutdown.stop, redis_backoff.next_delay()).await {
-                    break;
+    /// Runs until shutdown: pulling stops at `stop`; every batch already
+    /// pulled is still committed and acknowledged unless `abort` comes first.
+    pub async fn run(self) {
+        let ctx = Context {
+            label: self.pull_node.label().to_string(),
+            node_index: self.node_index,
+            config: self.config,
+            metrics: self.metrics,
+            shutdown: self.shutdown,
+        };
+        let (batches, received) = mpsc::channel(1);
+        tokio::join!(
+            pull_batches(&ctx, self.pull_node, batches),
+            commit_batches(&ctx, self.ack_node, &self.pool, received),
+        );
+        info!(node = ctx.label, "mirror stopped");
+    }
+}
+
+/// The puller: reserves the channel's slot, then pulls, so that it never
+/// holds more than the one batch it hands over.
+async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<Batch>) {
+    let config = &ctx.config;
+    let mut backoff = Backoff::new(config.retry_initial, config.retry_max);
+    while !ctx.shutdown.stop.is_cancelled() {
+        let permit = tokio::select! {
+            permit = batches.reserve() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return, // the committer gave up
+            },
+            () = ctx.shutdown.stop.cancelled() => return,
+        };
+        if let Err(error) = node.connect().await {
+            ctx.redis_failed(ErrorKind::RedisConnect, &error);
+            if !sleep_unless(&ctx.shutdown.stop, backoff.next_delay()).await {
+                return;
+            }
+            continue;
+        }
+        let reply = match node
+            .pull(config.batch_size, config.claim, config.block)
+            .await
+        {
+            Ok(reply) => reply,
+            Err(error) => {
+                ctx.redis_failed(ErrorKind::RedisPull, &error);
+                if !sleep_unless(&ctx.shutdown.stop, backoff.next_delay()).await {
+                    return;
                 }
                 continue;
             }
-            let pulled = self
-                .node
-                .pull(self.config.batch_size, self.config.claim, self.config.block)
-                .await;
-            let reply = match pulled {
-                Ok(reply) => reply,
-                Err(error) => {
-                    self.redis_failed(ErrorKind::RedisPull, &error);
-                    if !sleep_unless(&self.shutdown.stop, redis_backoff.next_delay()).await {
-                        break;
-                    }
-                    continue;
+        };
+        let pulled_at = Instant::now();
+        ctx.node_metrics().up.store(true, Ordering::Relaxed);
+        backoff.reset();
+        match parse_pull_reply(reply) {
+            Ok((records, rejected)) => {
+                ctx.report_rejected(rejected);
+                if !records.is_empty() {
+                    permit.send(Batch { records, pulled_at });
                 }
-            };
-            let started = Instant::now();
-            self.node_metrics().up.store(true, Ordering::Relaxed);
-            redis_backoff.reset();
-            let records = match parse_pull_reply(reply) {
-                Ok((records, rejected)) => {
-                    self.report_rejected(rejected);
-                    records
-                }
-                Err(error) => {
-                    self.metrics.error(ErrorKind::MalformedRecord);
-                    warn!(node = self.node.label(), %error, "unreadable PULL reply");
-                    continue;
-                }
-            };
-            if records.is_empty() {
-                continue;
             }
-            let Some(stored) = self.commit(&records).await else {
-                warn!(
-                    node = self.node.label(),
-                    records = records.len(),
-                    "stopping with an uncommitted batch; its records stay pending in Redis"
-                );
-                break;
-            };
-            self.report_refused(&stored);
-            if self.acknowledge(&stored.acks).await {
-                let node = self.node_metrics();
-                node.records_mirrored
-                    .fetch_add(stored.acks.len() as u64, Ordering::Relaxed);
-                node.rows_written
-                    .fetch_add(stored.written, Ordering::Relaxed);
-                node.batches.fetch_add(1, Ordering::Relaxed);
-                node.batch_latency.observe(started.elapsed());
+            Err(error) => {
+                ctx.metrics.error(ErrorKind::MalformedRecord);
+                warn!(node = ctx.label, %error, "unreadable PULL reply");
             }
         }
-        info!(node = self.node.label(), "mirror loop stopped");
     }
+}
 
+/// The committer: one upsert per batch, then the pipelined acknowledgements.
+async fn commit_batches(
+    ctx: &Context,
+    mut node: RedisNode,
+    pool: &Pool,
+    mut batches: mpsc::Receiver<Batch>,
+) {
+    while let Some(batch) = batches.recv().await {
+        let Some(stored) = commit(ctx, pool, &batch.records).await else {
+            warn!(
+                node = ctx.label,
+                records = batch.records.len(),
+                "stopping with an uncommitted batch; its records stay pending in Redis"
+            );
+            return;
+        };
+        ctx.report_refused(&stored);
+        if !acknowledge(ctx, &mut node, &stored.acks).await {
+            return;
+        }
+        let metrics = ctx.node_metrics();
+        metrics
+            .records_mirrored
+            .fetch_add(stored.acks.len() as u64, Ordering::Relaxed);
+        metrics
+            .rows_written
+            .fetch_add(stored.written, Ordering::Relaxed);
+        metrics.batches.fetch_add(1, Ordering::Relaxed);
+        metrics.batch_latency.observe(batch.pulled_at.elapsed());
+    }
+}
+
+/// Commits the batch, retrying with backoff while Postgres fails. `None`
+/// when shutdown's grace ran out first.
+async fn commit(ctx: &Context, pool: &Pool, records: &[MirrorRecord]) -> Option<Stored> {
+    let config = &ctx.config;
+    let mut backoff = Backoff::new(config.retry_initial, config.retry_max);
+    loop {
+        let attempt = tokio::select! {
+            result = store_batch(pool, records, config.statement_timeout) => result,
+            () = ctx.shutdown.abort.cancelled() => return None,
+        };
+        match attempt {
+            Ok(stored) => {
+                ctx.metrics.postgres_up.store(true, Ordering::Relaxed);
+                return Some(stored);
+            }
+            Err(error) => {
+                ctx.metrics.error(ErrorKind::Postgres);
+                ctx.metrics.postgres_up.store(false, Ordering::Relaxed);
+                warn!(
+                    node = ctx.label,
+                    error = format!("{error:#}"),
+                    records = records.len(),
+                    "Postgres failed; retrying the batch"
+                );
+                if !sleep_unless(&ctx.shutdown.abort, backoff.next_delay()).await {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Acknowledges committed records, reconnecting with backoff while Redis
+/// fails. `false` when shutdown's grace ran out first: the records stay
+/// claimed until the claim lapses, then are pulled and upserted again (a
+/// no-op) and acknowledged.
+async fn acknowledge(ctx: &Context, node: &mut RedisNode, acks: &[(String, i64)]) -> bool {
+    let pairs: Vec<(&str, i64)> = acks.iter().map(|(k, t)| (k.as_str(), *t)).collect();
+    let mut backoff = Backoff::new(ctx.config.retry_initial, ctx.config.retry_max);
+    loop {
+        match node.ack(&pairs).await {
+            Ok(replies) => {
+                ctx.node_metrics().up.store(true, Ordering::Relaxed);
+                let superseded = replies.iter().filter(|r| **r != 1).count();
+                if superseded > 0 {
+                    debug!(
+                        node = ctx.label,
+                        superseded, "acks for records since expired or replaced"
+                    );
+                }
+                return true;
+            }
+            Err(error) => {
+                ctx.redis_failed(ErrorKind::RedisAck, &error);
+                if !sleep_unless(&ctx.shutdown.abort, backoff.next_delay()).await {
+                    warn!(
+                        node = ctx.label,
+                        records = acks.len(),
+                        "gave up acknowledging a committed batch; it will be pulled again"
+                    );
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+impl Context {
     fn node_metrics(&self) -> &NodeMetrics {
         &self.metrics.nodes[self.node_index]
     }
@@ -107,73 +234,7 @@ impl NodeLoop {
     fn redis_failed(&self, kind: ErrorKind, error: &redis::RedisError) {
         self.metrics.error(kind);
         self.node_metrics().up.store(false, Ordering::Relaxed);
-        warn!(node = self.node.label(), kind = kind.label(), %error, "Redis failed; retrying");
-    }
-
-    /// Commits the batch, retrying with backoff while Postgres fails. `None`
-    /// when shutdown's grace ran out first.
-    async fn commit(&self, records: &[MirrorRecord]) -> Option<Stored> {
-        let mut backoff = Backoff::new(self.config.retry_initial, self.config.retry_max);
-        loop {
-            let attempt = tokio::select! {
-                result = store_batch(&self.pool, records, self.config.statement_timeout) => result,
-                () = self.shutdown.abort.cancelled() => return None,
-            };
-            match attempt {
-                Ok(stored) => {
-                    self.metrics.postgres_up.store(true, Ordering::Relaxed);
-                    return Some(stored);
-                }
-                Err(error) => {
-                    self.metrics.error(ErrorKind::Postgres);
-                    self.metrics.postgres_up.store(false, Ordering::Relaxed);
-                    warn!(
-                        node = self.node.label(),
-                        error = format!("{error:#}"),
-                        records = records.len(),
-                        "Postgres failed; retrying the batch"
-                    );
-                    if !sleep_unless(&self.shutdown.abort, backoff.next_delay()).await {
-                        return None;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Acknowledges committed records, reconnecting with backoff while Redis
-    /// fails. `false` when shutdown's grace ran out first: the records stay
-    /// claimed until the claim lapses, then are pulled and upserted again
-    /// (a no-op) and acknowledged.
-    async fn acknowledge(&mut self, acks: &[(String, i64)]) -> bool {
-        let pairs: Vec<(&str, i64)> = acks.iter().map(|(k, t)| (k.as_str(), *t)).collect();
-        let mut backoff = Backoff::new(self.config.retry_initial, self.config.retry_max);
-        loop {
-            match self.node.ack(&pairs).await {
-                Ok(replies) => {
-                    self.node_metrics().up.store(true, Ordering::Relaxed);
-                    let superseded = replies.iter().filter(|r| **r != 1).count();
-                    if superseded > 0 {
-                        debug!(
-                            node = self.node.label(),
-                            superseded, "acks for records since expired or replaced"
-                        );
-                    }
-                    return true;
-                }
-                Err(error) => {
-                    self.redis_failed(ErrorKind::RedisAck, &error);
-                    if !sleep_unless(&self.shutdown.abort, backoff.next_delay()).await {
-                        warn!(
-                            node = self.node.label(),
-                            records = acks.len(),
-                            "gave up acknowledging a committed batch; it will be pulled again"
-                        );
-                        return false;
-                    }
-                }
-            }
-        }
+        warn!(node = self.label, kind = kind.label(), %error, "Redis failed; retrying");
     }
 
     fn report_rejected(&self, rejected: Vec<Rejected>) {
@@ -184,7 +245,7 @@ impl NodeLoop {
             };
             self.metrics.error(kind);
             warn!(
-                node = self.node.label(),
+                node = self.label,
                 key = printable_key(&key),
                 %error,
                 "record cannot be mirrored; left pending"
@@ -196,7 +257,7 @@ impl NodeLoop {
         for (key, reason) in &stored.refused {
             self.metrics.error(ErrorKind::RejectedRow);
             warn!(
-                node = self.node.label(),
+                node = self.label,
                 key = printable_key(key.as_bytes()),
                 reason,
                 "Postgres refused the record; left pending"

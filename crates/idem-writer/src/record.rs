@@ -74,31 +74,69 @@ pub fn parse_pull_reply(reply: Value) -> Result<(Vec<MirrorRecord>, Vec<Rejected
             });
             continue;
         };
-        let key = match fields.first() {
-            Some(Value::BulkString(key)) => key.clone(),
-            _ => Vec::new(),
-        };
         match parse_record(fields) {
             Ok(record) => records.push(record),
-            Err(error) => rejected.push(Rejected { key, error }),
+            Err(bad) => rejected.push(bad),
         }
     }
     Ok((records, rejected))
 }
 
-fn parse_record(fields: Vec<Value>) -> Result<MirrorRecord, RecordError> {
-    let [key, token, fingerprint, status, body, headers, created, completed, expires]: [Value; 9] =
-        fields
-            .try_into()
-            .map_err(|_| malformed("record does not have 9 fields"))?;
-    let key = bytes(key, "key")?;
+/// Parses one record; a rejection keeps the key's bytes for the log line.
+fn parse_record(fields: Vec<Value>) -> Result<MirrorRecord, Rejected> {
+    let reject = |key: Vec<u8>, error: RecordError| Rejected { key, error };
+    let fields: [Value; 9] = fields
+        .try_into()
+        .map_err(|_| reject(Vec::new(), malformed("record does not have 9 fields")))?;
+    let [key, token, fingerprint, status, body, headers, created, completed, expires] = fields;
+    let key = bytes(key, "key").map_err(|e| reject(Vec::new(), e))?;
     let key = match String::from_utf8(key) {
         Ok(key) if !key.contains('\0') => key,
-        _ => return Err(RecordError::KeyNotText),
+        Ok(key) => return Err(reject(key.into_bytes(), RecordError::KeyNotText)),
+        Err(e) => return Err(reject(e.into_bytes(), RecordError::KeyNotText)),
     };
     if key.len() > MAX_KEY_BYTES {
-        return Err(RecordError::KeyTooLong);
+        return Err(reject(key.into_bytes(), RecordError::KeyTooLong));
     }
+    match parse_response([
+        token,
+        fingerprint,
+        status,
+        body,
+        headers,
+        created,
+        completed,
+        expires,
+    ]) {
+        Ok(r) => Ok(MirrorRecord {
+            key,
+            token: r.token,
+            fingerprint: r.fingerprint,
+            status: r.status,
+            body: r.body,
+            headers: r.headers,
+            created_at_ms: r.created_at_ms,
+            completed_at_ms: r.completed_at_ms,
+            expires_at_ms: r.expires_at_ms,
+        }),
+        Err(error) => Err(reject(key.into_bytes(), error)),
+    }
+}
+
+/// Every field of a record but the key.
+struct Response {
+    token: i64,
+    fingerprint: String,
+    status: i32,
+    body: Vec<u8>,
+    headers: Vec<Vec<u8>>,
+    created_at_ms: i64,
+    completed_at_ms: i64,
+    expires_at_ms: i64,
+}
+
+fn parse_response(fields: [Value; 8]) -> Result<Response, RecordError> {
+    let [token, fingerprint, status, body, headers, created, completed, expires] = fields;
     let token = int(token, "token")?;
     if token <= 0 {
         return Err(malformed("token is not positive"));
@@ -112,7 +150,6 @@ fn parse_record(fields: Vec<Value>) -> Result<MirrorRecord, RecordError> {
         .ok()
         .filter(|s| (100..=599).contains(s))
         .ok_or_else(|| malformed("status is not 100..599"))?;
-    let body = bytes(body, "body")?;
     let Value::Array(headers) = headers else {
         return Err(malformed("headers is not an array"));
     };
@@ -123,19 +160,15 @@ fn parse_record(fields: Vec<Value>) -> Result<MirrorRecord, RecordError> {
         .into_iter()
         .map(|h| bytes(h, "header"))
         .collect::<Result<Vec<_>, _>>()?;
-    let created_at_ms = timestamp(created, "created_at")?;
-    let completed_at_ms = timestamp(completed, "completed_at")?;
-    let expires_at_ms = timestamp(expires, "expires_at")?;
-    Ok(MirrorRecord {
-        key,
+    Ok(Response {
         token,
         fingerprint,
         status,
-        body,
+        body: bytes(body, "body")?,
         headers,
-        created_at_ms,
-        completed_at_ms,
-        expires_at_ms,
+        created_at_ms: timestamp(created, "created_at")?,
+        completed_at_ms: timestamp(completed, "completed_at")?,
+        expires_at_ms: timestamp(expires, "expires_at")?,
     })
 }
 

@@ -67,19 +67,20 @@ pub async fn run(
     }
 
     let mut tasks = JoinSet::new();
-    for (node_index, node) in nodes.into_iter().enumerate() {
-        let poller = RedisNode::open(&config.redis_urls[node_index], config.block)?;
+    for (node_index, pull_node) in nodes.into_iter().enumerate() {
+        let url = &config.redis_urls[node_index];
         tasks.spawn(poll_mirror_info(
-            poller,
+            RedisNode::open(url, Duration::ZERO)?,
             node_index,
             metrics.clone(),
             config.info_interval,
             shutdown_stages.stop.clone(),
         ));
-        info!(node = node.label(), "mirroring");
+        info!(node = pull_node.label(), "mirroring");
         tasks.spawn(
             NodeLoop {
-                node,
+                pull_node,
+                ack_node: RedisNode::open(url, Duration::ZERO)?,
                 node_index,
                 pool: pool.clone(),
                 config: config.clone(),

@@ -251,12 +251,19 @@ pub async fn assert_mirrored_exactly(
             "{} response_status",
             want.key
         );
-        assert_eq!(
-            row.response_body.as_deref(),
-            Some(want.body.as_slice()),
-            "{} body",
-            want.key
-        );
+        if row.response_body.as_deref() != Some(want.body.as_slice()) {
+            let fields = in_redis.get(&want.key);
+            panic!(
+                "{} body differs: Postgres {:?} bytes, expected {} bytes, Redis has {:?}; \
+                 Postgres {:?}\n expected {:?}",
+                want.key,
+                row.response_body.as_ref().map(Vec::len),
+                want.body.len(),
+                fields.and_then(|f| f.get("body")),
+                row.response_body,
+                want.body
+            );
+        }
         assert_eq!(row.response_headers, want.headers, "{} headers", want.key);
         let fields = in_redis
             .get(&want.key)
