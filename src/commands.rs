@@ -198,7 +198,7 @@ fn get(call: &Call) -> Result<(), Error> {
             "wrong number of arguments, usage: IDEM.GET key",
         ));
     }
-    let mut key = Key::open(call.ctx, call.raw_arg(0));
+    let mut key = Key::open_read(call.ctx, call.raw_arg(0));
     let Some(r) = key.record()? else {
         call.reply().null();
         return Ok(());

@@ -14,8 +14,21 @@ pub struct Key {
 impl Key {
     /// Opens `name` in the context's selected database for reading and writing.
     pub fn open(ctx: *mut raw::RedisModuleCtx, name: *mut raw::RedisModuleString) -> Key {
-        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
-        let ptr = unsafe { raw::RedisModule_OpenKey.expect("OpenKey")(ctx, name, mode) };
+        Self::open_mode(ctx, name, raw::REDISMODULE_READ | raw::REDISMODULE_WRITE)
+    }
+
+    /// Opens `name` read-only: closing it signals no modification (WATCH,
+    /// client tracking). A missing key reads as empty.
+    pub fn open_read(ctx: *mut raw::RedisModuleCtx, name: *mut raw::RedisModuleString) -> Key {
+        Self::open_mode(ctx, name, raw::REDISMODULE_READ)
+    }
+
+    fn open_mode(
+        ctx: *mut raw::RedisModuleCtx,
+        name: *mut raw::RedisModuleString,
+        mode: u32,
+    ) -> Key {
+        let ptr = unsafe { raw::RedisModule_OpenKey.expect("OpenKey")(ctx, name, mode as c_int) };
         Key { ptr: ptr.cast() }
     }
 

@@ -142,7 +142,7 @@ fn with_key<T>(ctx: *mut raw::RedisModuleCtx, name: &[u8], f: impl FnOnce(&mut K
             name.as_ptr().cast::<c_char>(),
             name.len(),
         );
-        let out = f(&mut Key::open(ctx, s));
+        let out = f(&mut Key::open_read(ctx, s));
         raw::RedisModule_FreeString.expect("FreeString")(ctx, s);
         out
     }

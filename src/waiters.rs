@@ -294,7 +294,7 @@ extern "C" fn on_timeout(
         let bc = raw::RedisModule_GetBlockedClientHandle.expect("GetBlockedClientHandle")(ctx);
         remove(bc);
         let retry_after = if argc > 1 {
-            let mut key = Key::open(ctx, *argv.add(1));
+            let mut key = Key::open_read(ctx, *argv.add(1));
             match key.record() {
                 Ok(Some(r)) => lease_end(&r.state).saturating_sub(now_ms()),
                 _ => 0,
