@@ -5,7 +5,8 @@
 //! variant). Prints throughput ratios and added p50/p99 latency.
 //!
 //! Settings (env): BENCH_SECONDS per variant and round (2), BENCH_ROUNDS (5),
-//! BENCH_CONCURRENCY (32). Besides the totals, the median over rounds of the
+//! BENCH_CONCURRENCY (32), BENCH_VARIANTS (all of plain,layer,read-through,
+//! replay; a subset is for profiling). Besides the totals, the median over rounds of the
 //! per-round throughput ratio is printed: it resists bursts of load from
 //! other processes on the machine. Needs redis-server, the built module and Postgres
 //! (DATABASE_URL or the local one), like the tests.
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_example_payments::{app, db, idempotency_layer, routes, serve, AppState};
-use idem_testkit::{PgDatabase, RedisServer};
+use idem_testkit::{PgDatabase, RedisConfig};
 use tokio::sync::oneshot;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,15 @@ impl Variant {
         Variant::Replay,
     ];
 
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Plain => "plain",
+            Variant::Layer => "layer",
+            Variant::LayerReadThrough => "read-through",
+            Variant::Replay => "replay",
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Variant::Plain => "without layer",
@@ -49,6 +59,10 @@ struct Measured {
     latencies_us: Vec<u64>,
     elapsed: Duration,
     errors: u64,
+    /// CPU seconds used meanwhile by this process (server and load generator)
+    /// and by redis-server.
+    cpu_app: f64,
+    cpu_redis: f64,
 }
 
 impl Measured {
@@ -79,7 +93,23 @@ async fn main() -> anyhow::Result<()> {
     let rounds = env_number("BENCH_ROUNDS", 5);
     let concurrency = env_number("BENCH_CONCURRENCY", 32) as usize;
 
-    let redis = RedisServer::start();
+    // BENCH_REDIS=unix reaches Redis over a Unix socket (a sidecar on the
+    // same host) instead of loopback TCP.
+    let over_unix = std::env::var("BENCH_REDIS").is_ok_and(|v| v == "unix");
+    let socket_dir = idem_testkit::scratch_dir("bench-sock");
+    let socket = socket_dir.join("redis.sock");
+    let mut redis_config = RedisConfig::default();
+    if over_unix {
+        redis_config = redis_config
+            .server_arg("unixsocket", &socket.display().to_string())
+            .server_arg("unixsocketperm", "700");
+    }
+    let redis = redis_config.start();
+    let redis_url = if over_unix {
+        format!("redis+unix://{}", socket.display())
+    } else {
+        redis.url()
+    };
     let database = PgDatabase::create();
     let pool = db::pool(&database.url, 32)?;
     db::migrate(&pool).await?;
@@ -87,10 +117,10 @@ async fn main() -> anyhow::Result<()> {
     let state = AppState::new(pool.clone());
 
     let plain = routes(state.clone());
-    let layered = app(state.clone(), idempotency_layer(&redis.url(), None).await?);
+    let layered = app(state.clone(), idempotency_layer(&redis_url, None).await?);
     let read_through = app(
         state,
-        idempotency_layer(&redis.url(), Some(pool.clone())).await?,
+        idempotency_layer(&redis_url, Some(pool.clone())).await?,
     );
     let mut stops = Vec::new();
     let mut bases = Vec::new();
@@ -113,14 +143,25 @@ async fn main() -> anyhow::Result<()> {
 
     println!(
         "HTTP bench: {concurrency} concurrent clients, {rounds} rounds x {seconds} s per variant, \
-         POST /payments (one INSERT per new request)"
+         POST /payments (one INSERT per new request), Redis over {}",
+        if over_unix {
+            "a Unix socket"
+        } else {
+            "loopback TCP"
+        }
     );
     let mut results: Vec<Measured> = Variant::ALL.iter().map(|_| Measured::default()).collect();
+    let selected = std::env::var("BENCH_VARIANTS").unwrap_or_default();
+    let selected: Vec<&str> = selected.split(',').filter(|s| !s.is_empty()).collect();
+    let wanted = |variant: Variant| selected.is_empty() || selected.contains(&variant.name());
     let mut round_ratios: Vec<Vec<f64>> = Variant::ALL.iter().map(|_| Vec::new()).collect();
     let sequence = AtomicU64::new(0);
     for round in 0..rounds {
         let mut plain_rps = f64::NAN;
         for (index, variant) in Variant::ALL.into_iter().enumerate() {
+            if !wanted(variant) {
+                continue;
+            }
             // Warm-up, not counted.
             let _ = load(
                 &http,
@@ -131,7 +172,8 @@ async fn main() -> anyhow::Result<()> {
                 &sequence,
             )
             .await;
-            let measured = load(
+            let (app_before, redis_before) = (process_cpu(), redis_cpu(&redis_url).await);
+            let mut measured = load(
                 &http,
                 &bases[index],
                 variant,
@@ -140,6 +182,8 @@ async fn main() -> anyhow::Result<()> {
                 &sequence,
             )
             .await;
+            measured.cpu_app = process_cpu() - app_before;
+            measured.cpu_redis = redis_cpu(&redis_url).await - redis_before;
             eprintln!(
                 "  round {} {:<26} {:>8.0} req/s",
                 round + 1,
@@ -154,12 +198,14 @@ async fn main() -> anyhow::Result<()> {
             total.latencies_us.extend(measured.latencies_us);
             total.elapsed += measured.elapsed;
             total.errors += measured.errors;
+            total.cpu_app += measured.cpu_app;
+            total.cpu_redis += measured.cpu_redis;
         }
     }
 
     println!(
-        "\n{:<26} {:>10} {:>9} {:>9} {:>7}",
-        "variant", "req/s", "p50 ms", "p99 ms", "errors"
+        "\n{:<26} {:>10} {:>9} {:>9} {:>7} {:>14} {:>14}",
+        "variant", "req/s", "p50 ms", "p99 ms", "errors", "app+load us/r", "redis us/r"
     );
     let mut figures = Vec::new();
     for (variant, measured) in Variant::ALL.iter().zip(results.iter_mut()) {
@@ -168,13 +214,16 @@ async fn main() -> anyhow::Result<()> {
             measured.percentile_ms(0.50),
             measured.percentile_ms(0.99),
         );
+        let requests = measured.latencies_us.len().max(1) as f64;
         println!(
-            "{:<26} {:>10.0} {:>9.2} {:>9.2} {:>7}",
+            "{:<26} {:>10.0} {:>9.2} {:>9.2} {:>7} {:>14.1} {:>14.1}",
             variant.label(),
             rps,
             p50,
             p99,
-            measured.errors
+            measured.errors,
+            measured.cpu_app / requests * 1e6,
+            measured.cpu_redis / requests * 1e6
         );
         figures.push((rps, p50, p99));
     }
@@ -206,7 +255,42 @@ async fn main() -> anyhow::Result<()> {
     for stop in stops {
         let _ = stop.send(());
     }
+    let _ = std::fs::remove_dir_all(&socket_dir);
     Ok(())
+}
+
+/// CPU seconds (user + system) this process has used so far.
+fn process_cpu() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    // Fields after the command name: utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: f64 = fields
+        .get(11..13)
+        .map(|t| t.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
+        .unwrap_or(f64::NAN);
+    ticks / 100.0
+}
+
+/// CPU seconds redis-server has used so far (`INFO cpu`).
+async fn redis_cpu(url: &str) -> f64 {
+    let info: redis::RedisResult<String> = async {
+        let client = redis::Client::open(url)?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("INFO").arg("cpu").query_async(&mut conn).await
+    }
+    .await;
+    let Ok(info) = info else {
+        return f64::NAN;
+    };
+    info.lines()
+        .filter(|line| line.starts_with("used_cpu_user:") || line.starts_with("used_cpu_sys:"))
+        .filter_map(|line| line.split_once(':')?.1.trim().parse::<f64>().ok())
+        .sum()
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -262,6 +346,8 @@ async fn load(
         latencies_us,
         elapsed: started.elapsed(),
         errors: errors.load(Ordering::Relaxed),
+        cpu_app: 0.0,
+        cpu_redis: 0.0,
     }
 }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::http::HeaderName;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use deadpool_postgres::Pool;
 use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
@@ -75,12 +76,19 @@ pub async fn idempotency_layer(
     Ok(layer)
 }
 
-/// Serves `router` on `listener` until `shutdown` completes.
+/// Serves `router` on `listener` until `shutdown` completes. Connections use
+/// `TCP_NODELAY`: a response written in two segments must not wait for the
+/// client's delayed ACK.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %err, "could not set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
