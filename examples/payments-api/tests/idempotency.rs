@@ -159,16 +159,16 @@ async fn after_redis_loses_everything_the_retry_replays_from_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_slower_than_the_lease_runs_once() {
     let app = TestApp::start(Options {
-        lease: Some(Duration::from_millis(300)),
-        handler_delay: Some(Duration::from_millis(1500)),
+        lease: Some(Duration::from_millis(500)),
+        handler_delay: Some(Duration::from_millis(2000)),
         ..Options::default()
     })
     .await;
     let body = payment(700);
     let original = app.post(Some("k-slow"), None, &body);
     let duplicates = async {
-        // Well past the 300 ms lease: without renewal these would take over.
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        // Well past the 500 ms lease: without renewal these would take over.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
         let mut replies = Vec::new();
         for _ in 0..3 {
             replies.push(app.post(Some("k-slow"), None, &body).await);
