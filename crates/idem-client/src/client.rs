@@ -38,11 +38,12 @@ impl IdemClient<ConnectionManager> {
     /// A client for one Redis server: a reconnecting `ConnectionManager` for
     /// the ordinary calls and dedicated connections for `WAIT`.
     pub async fn standalone(client: redis::Client) -> Result<Self, IdemError> {
+        // No response timeout of its own: every call is bounded by the
+        // client's call timeout already.
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_number_of_retries(2)
             .set_max_delay(1000)
-            .set_connection_timeout(DEFAULT_CALL_TIMEOUT)
-            .set_response_timeout(DEFAULT_CALL_TIMEOUT);
+            .set_connection_timeout(DEFAULT_CALL_TIMEOUT);
         let manager = ConnectionManager::new_with_config(client.clone(), config).await?;
         let wait = DedicatedConnections::standalone(client);
         Ok(IdemClient::new(manager).with_wait_connections(Arc::new(wait)))
