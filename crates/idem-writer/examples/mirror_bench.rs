@@ -245,7 +245,7 @@ async fn writer_drain(
         let _ = stopped.await;
     }));
     while pending(&mut info).await? > 0 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
     let _ = stop.send(());

@@ -1,8 +1,10 @@
-//! The mirror for one Redis primary, as two stages joined by a one-slot
-//! channel: the puller (its own connection, for the blocking PULL) fetches
+//! The mirror for one Redis primary, as three stages joined by one-slot
+//! channels: the puller (its own connection, for the blocking PULL) fetches
 //! the next batch while the committer upserts the current one in a single
-//! statement and then acknowledges it (on a second connection). At most two
-//! batches are in memory: the one being committed and the next one.
+//! statement, and the acknowledger (a second connection) acknowledges the
+//! previous one. At most two batches of records are in memory (the one
+//! being committed and the next one), plus the keys of one being
+//! acknowledged.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -67,10 +69,12 @@ impl NodeLoop {
             metrics: self.metrics,
             shutdown: self.shutdown,
         };
-        let (batches, received) = mpsc::channel(1);
+        let (batches, batches_rx) = mpsc::channel(1);
+        let (committed, committed_rx) = mpsc::channel(1);
         tokio::join!(
             pull_batches(&ctx, self.pull_node, batches),
-            commit_batches(&ctx, self.ack_node, &self.pool, received),
+            commit_batches(&ctx, &self.pool, batches_rx, committed),
+            acknowledge_batches(&ctx, self.ack_node, committed_rx),
         );
         info!(node = ctx.label, "mirror stopped");
     }
@@ -127,12 +131,12 @@ async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<
     }
 }
 
-/// The committer: one upsert per batch, then the pipelined acknowledgements.
+/// The committer: one upsert per batch, handed on to be acknowledged.
 async fn commit_batches(
     ctx: &Context,
-    mut node: RedisNode,
     pool: &Pool,
     mut batches: mpsc::Receiver<Batch>,
+    committed: mpsc::Sender<Committed>,
 ) {
     while let Some(batch) = batches.recv().await {
         let Some(stored) = commit(ctx, pool, &batch.records).await else {
@@ -144,18 +148,44 @@ async fn commit_batches(
             return;
         };
         ctx.report_refused(&stored);
-        if !acknowledge(ctx, &mut node, &stored.acks).await {
+        let done = Committed {
+            acks: stored.acks,
+            written: stored.written,
+            pulled_at: batch.pulled_at,
+        };
+        if committed.send(done).await.is_err() {
+            return; // the acknowledger gave up
+        }
+    }
+}
+
+/// A committed batch waiting for its acknowledgements.
+struct Committed {
+    acks: Vec<(String, i64)>,
+    written: u64,
+    pulled_at: Instant,
+}
+
+/// The acknowledger: pipelined `IDEM.MIRROR.ACK`s for each committed batch,
+/// off the committer's path so the next upsert starts at once.
+async fn acknowledge_batches(
+    ctx: &Context,
+    mut node: RedisNode,
+    mut committed: mpsc::Receiver<Committed>,
+) {
+    while let Some(done) = committed.recv().await {
+        if !acknowledge(ctx, &mut node, &done.acks).await {
             return;
         }
         let metrics = ctx.node_metrics();
         metrics
             .records_mirrored
-            .fetch_add(stored.acks.len() as u64, Ordering::Relaxed);
+            .fetch_add(done.acks.len() as u64, Ordering::Relaxed);
         metrics
             .rows_written
-            .fetch_add(stored.written, Ordering::Relaxed);
+            .fetch_add(done.written, Ordering::Relaxed);
         metrics.batches.fetch_add(1, Ordering::Relaxed);
-        metrics.batch_latency.observe(batch.pulled_at.elapsed());
+        metrics.batch_latency.observe(done.pulled_at.elapsed());
     }
 }
 
