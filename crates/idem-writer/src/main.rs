@@ -1,6 +1,7 @@
 //! The `idem-writer` command: `run` the mirror, `migrate` the schema, or
 //! `cleanup` expired rows.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -105,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
     // Installed before any work, so a SIGTERM at any moment takes the

@@ -51,8 +51,8 @@ pub enum RecordError {
     Malformed(String),
 }
 
-/// A pulled record: the key and token are kept even when the rest is bad,
-/// for the log line.
+/// A pulled record that cannot be mirrored, with its key's bytes (empty when
+/// unreadable) for the log line.
 #[derive(Debug)]
 pub struct Rejected {
     pub key: Vec<u8>,
