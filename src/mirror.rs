@@ -193,8 +193,13 @@ fn wake_pullers() {
     }
 }
 
-fn remove_puller(bc: *mut raw::RedisModuleBlockedClient) {
-    PULLERS.lock().retain(|(b, _)| b.0 != bc);
+/// Forgets a blocked puller; false when it was already woken (and so
+/// already unblocked: unblocking twice would free it twice).
+fn remove_puller(bc: *mut raw::RedisModuleBlockedClient) -> bool {
+    let mut pullers = PULLERS.lock();
+    let before = pullers.len();
+    pullers.retain(|(b, _)| b.0 != bc);
+    pullers.len() != before
 }
 
 /// Re-parses the blocked command's arguments and answers with a claim.
@@ -243,10 +248,11 @@ extern "C" fn puller_timeout(
 ) -> c_int {
     guard("pull timeout", (), || unsafe {
         let bc = raw::RedisModule_GetBlockedClientHandle.expect("GetBlockedClientHandle")(ctx);
-        remove_puller(bc);
-        let db = raw::RedisModule_GetSelectedDb.expect("GetSelectedDb")(ctx);
-        answer_puller(ctx, argv, argc, db);
-        raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut());
+        if remove_puller(bc) {
+            let db = raw::RedisModule_GetSelectedDb.expect("GetSelectedDb")(ctx);
+            answer_puller(ctx, argv, argc, db);
+            raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut());
+        }
     });
     raw::REDISMODULE_OK as c_int
 }
@@ -256,8 +262,9 @@ extern "C" fn puller_disconnected(
     bc: *mut raw::RedisModuleBlockedClient,
 ) {
     guard("pull disconnect", (), || {
-        remove_puller(bc);
-        unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut()) };
+        if remove_puller(bc) {
+            unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut()) };
+        }
     })
 }
 

@@ -254,12 +254,18 @@ fn answer(bc: BlockedClient, answer: Answer) {
     unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(bc.0, data) };
 }
 
-fn remove(bc: *mut raw::RedisModuleBlockedClient) {
+/// Forgets a waiter; false when it was already answered (and so already
+/// unblocked: unblocking twice would free it twice).
+fn remove(bc: *mut raw::RedisModuleBlockedClient) -> bool {
     let mut all = WAITERS.lock();
+    let mut found = false;
     for entry in all.values_mut() {
+        let before = entry.queue.len();
         entry.queue.retain(|w| w.bc.0 != bc);
+        found |= entry.queue.len() != before;
     }
     all.retain(|_, e| !e.queue.is_empty() || e.timer.is_some());
+    found
 }
 
 extern "C" fn on_reply(
@@ -292,7 +298,9 @@ extern "C" fn on_timeout(
 ) -> c_int {
     guard("wait timeout", (), || unsafe {
         let bc = raw::RedisModule_GetBlockedClientHandle.expect("GetBlockedClientHandle")(ctx);
-        remove(bc);
+        if !remove(bc) {
+            return; // already answered
+        }
         let retry_after = if argc > 1 {
             let mut key = Key::open_read(ctx, *argv.add(1));
             match key.record() {
@@ -315,8 +323,9 @@ extern "C" fn on_disconnect(
     bc: *mut raw::RedisModuleBlockedClient,
 ) {
     guard("wait disconnect", (), || {
-        remove(bc);
-        unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut()) };
+        if remove(bc) {
+            unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut()) };
+        }
     })
 }
 

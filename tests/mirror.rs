@@ -539,3 +539,45 @@ fn info_pending_and_oldest_age() {
     assert_eq!((pending(&mut c), oldest_ms(&mut c)), (0, 0));
     assert_eq!(idem_counter(&mut c, "idem_mirror_acks"), 2);
 }
+
+#[test]
+fn a_puller_killed_after_its_wake_up_but_before_the_reply_is_freed_once() {
+    // COMPLETE wakes the blocked PULL and CLIENT KILL disconnects it in the
+    // same EXEC: the module must not unblock it a second time.
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    for round in 0..30 {
+        let key = format!("k{round}");
+        let token = begin(&mut c, &key, "fp", 60).token();
+        let mut victim = s.conn();
+        let id = int(&ok(&mut victim, &["CLIENT", "ID"]));
+        let waiting = std::thread::spawn(move || {
+            raw(&mut victim, &["IDEM.MIRROR.PULL", "10", "BLOCK", "10000"])
+        });
+        assert!(eventually(Duration::from_secs(5), || {
+            text(&ok(&mut c, &["CLIENT", "LIST"]))
+                .to_ascii_lowercase()
+                .contains("cmd=idem.mirror.pull")
+        }));
+        let _: Vec<Value> = redis::pipe()
+            .atomic()
+            .cmd("IDEM.COMPLETE")
+            .arg(&key)
+            .arg(token)
+            .arg(200)
+            .arg(vec![b'x'; 4096])
+            .cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query(&mut c)
+            .unwrap();
+        let _ = waiting.join().unwrap();
+        assert_eq!(text(&ok(&mut c, &["PING"])), "PONG", "round {round}");
+        // The killed puller never got the record: it is still pending.
+        assert_eq!(pending(&mut c), 1);
+        assert_eq!(ack(&mut c, &key, token), 1);
+    }
+    assert_eq!(pending(&mut c), 0);
+    assert!(!s.log().contains("crashed"), "{}", s.log());
+}

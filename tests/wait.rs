@@ -376,3 +376,43 @@ fn replicas_receive_the_same_effects_when_a_waiter_takes_over() {
     assert_eq!(digest(&mut r), digest(&mut p));
     assert_eq!(idem_counter(&mut r, "idem_waiters"), 0);
 }
+
+#[test]
+fn a_waiter_killed_after_its_answer_but_before_the_reply_is_freed_once() {
+    // COMPLETE wakes the waiter and CLIENT KILL disconnects it in the same
+    // EXEC, before Redis sends the reply: the module must not unblock it a
+    // second time from the disconnect callback.
+    let server = RedisServer::start();
+    let mut holder = server.conn();
+    for round in 0..30 {
+        let key = format!("k{round}");
+        let token = begin(&mut holder, &key, "fp", 60).token();
+        let mut victim = server.conn();
+        let id = int(&ok(&mut victim, &["CLIENT", "ID"]));
+        let k = key.clone();
+        let waiting = thread::spawn(move || {
+            raw(
+                &mut victim,
+                &["IDEM.BEGIN", &k, "fp", "60", "WAIT", "10000"],
+            )
+        });
+        wait_for_waiters(&mut holder, 1);
+        let _: Vec<redis::Value> = redis::pipe()
+            .atomic()
+            .cmd("IDEM.COMPLETE")
+            .arg(&key)
+            .arg(token)
+            .arg(200)
+            .arg(vec![b'x'; 4096])
+            .cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query(&mut holder)
+            .unwrap();
+        let _ = waiting.join().unwrap();
+        assert_eq!(text(&ok(&mut holder, &["PING"])), "PONG", "round {round}");
+    }
+    assert_eq!(idem_counter(&mut holder, "idem_waiters"), 0);
+    assert!(!server.log().contains("crashed"), "{}", server.log());
+}
