@@ -559,19 +559,7 @@ fn a_puller_killed_after_its_wake_up_but_before_the_reply_is_freed_once() {
                 .to_ascii_lowercase()
                 .contains("cmd=idem.mirror.pull")
         }));
-        let _: Vec<Value> = redis::pipe()
-            .atomic()
-            .cmd("IDEM.COMPLETE")
-            .arg(&key)
-            .arg(token)
-            .arg(200)
-            .arg(vec![b'x'; 4096])
-            .cmd("CLIENT")
-            .arg("KILL")
-            .arg("ID")
-            .arg(id)
-            .query(&mut c)
-            .unwrap();
+        complete_and_kill(&mut c, &key, token, id);
         let _ = waiting.join().unwrap();
         assert_eq!(text(&ok(&mut c, &["PING"])), "PONG", "round {round}");
         // The killed puller never got the record: it is still pending.

@@ -397,19 +397,7 @@ fn a_waiter_killed_after_its_answer_but_before_the_reply_is_freed_once() {
             )
         });
         wait_for_waiters(&mut holder, 1);
-        let _: Vec<redis::Value> = redis::pipe()
-            .atomic()
-            .cmd("IDEM.COMPLETE")
-            .arg(&key)
-            .arg(token)
-            .arg(200)
-            .arg(vec![b'x'; 4096])
-            .cmd("CLIENT")
-            .arg("KILL")
-            .arg("ID")
-            .arg(id)
-            .query(&mut holder)
-            .unwrap();
+        complete_and_kill(&mut holder, &key, token, id);
         let _ = waiting.join().unwrap();
         assert_eq!(text(&ok(&mut holder, &["PING"])), "PONG", "round {round}");
     }

@@ -476,3 +476,21 @@ pub fn wait_persistence_idle(con: &mut Connection) {
     });
     assert!(idle, "background persistence never finished");
 }
+
+/// COMPLETE `key` and kill client `victim` in one EXEC: the victim, woken by
+/// the completion, disconnects before Redis sends it anything.
+pub fn complete_and_kill(con: &mut Connection, key: &str, token: u64, victim: i64) {
+    let _: Vec<Value> = redis::pipe()
+        .atomic()
+        .cmd("IDEM.COMPLETE")
+        .arg(key)
+        .arg(token)
+        .arg(200)
+        .arg(vec![b'x'; 4096])
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(victim)
+        .query(con)
+        .unwrap();
+}
