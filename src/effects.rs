@@ -9,7 +9,7 @@ use redis_module::raw;
 
 use crate::boundary::Call;
 use crate::keyspace::Key;
-use crate::{mirror, TOKENS};
+use crate::{mirror, Shared, TOKENS};
 
 /// Propagates `record` as the new value of `key` to replicas and the AOF.
 pub fn replicate_put(
@@ -17,7 +17,12 @@ pub fn replicate_put(
     key: *mut raw::RedisModuleString,
     record: &Record,
 ) {
-    let blob = codec::encode(record);
+    // One buffer reused for every effect (main thread only): no allocation
+    // on the write path. Redis copies the bytes.
+    static BUFFER: Shared<Vec<u8>> = Shared::new(Vec::new());
+    let mut blob = BUFFER.lock();
+    blob.clear();
+    codec::encode_into(record, &mut blob);
     unsafe {
         raw::RedisModule_Replicate.expect("Replicate")(
             ctx,
@@ -28,6 +33,9 @@ pub fn replicate_put(
             blob.len(),
         )
     };
+    if blob.capacity() > 64 * 1024 {
+        *blob = Vec::new(); // do not keep a large body's buffer around
+    }
 }
 
 /// Propagates the deletion of `key`.

@@ -72,13 +72,17 @@ fn arity(args: &[&[u8]], min: usize, usage: &str) -> Result<(), Error> {
 /// A strict unsigned decimal: digits only, no sign, no spaces.
 pub fn uint(arg: &[u8], what: &str) -> Result<u64, Error> {
     let bad = || Error::bad_arg(format!("{what} must be a non-negative integer"));
-    if arg.is_empty() || arg.len() > 20 || !arg.iter().all(u8::is_ascii_digit) {
+    if arg.is_empty() {
         return Err(bad());
     }
-    std::str::from_utf8(arg)
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .ok_or_else(bad)
+    arg.iter().try_fold(0u64, |n, &b| {
+        if !b.is_ascii_digit() {
+            return Err(bad());
+        }
+        n.checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(b - b'0')))
+            .ok_or_else(bad)
+    })
 }
 
 fn ranged(arg: &[u8], what: &str, min: u64, max: u64) -> Result<u64, Error> {
