@@ -14,16 +14,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
 ensure_base_packages
 
-if [[ -z ${DATABASE_URL:-} ]]; then
-  if port_open 5432; then
-    export DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres
-  else
-    pgdir=$(mktemp -d /tmp/idem-bench-pg.XXXXXX)
-    start_throwaway_postgres "$pgdir" 54328
-    trap 'stop_throwaway_postgres "$pgdir"; rm -rf "$pgdir"' EXIT
-    export DATABASE_URL=postgres://postgres@127.0.0.1:54328/postgres
-  fi
-fi
+ensure_database_url 54328
 
 cargo build --release -q -p idem
 cargo build --release -q -p idem-example-payments --example http_bench

@@ -11,16 +11,7 @@ source scripts/lib/common.sh
 ensure_base_packages
 command -v cargo >/dev/null || { echo "cargo (Rust) is required" >&2; exit 1; }
 
-if [[ -z ${DATABASE_URL:-} ]]; then
-  if port_open 5432; then
-    export DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres
-  else
-    pgdir=$(mktemp -d /tmp/idem-test-pg.XXXXXX)
-    start_throwaway_postgres "$pgdir" 54329
-    trap 'stop_throwaway_postgres "$pgdir"; rm -rf "$pgdir"' EXIT
-    export DATABASE_URL=postgres://postgres@127.0.0.1:54329/postgres
-  fi
-fi
+ensure_database_url 54329
 
 echo "==> build (release)"
 cargo build --release --workspace --all-targets

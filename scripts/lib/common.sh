@@ -56,3 +56,18 @@ stop_throwaway_postgres() {
 port_open() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
+
+# ensure_database_url SPARE_PORT: exports DATABASE_URL: as given, else the
+# local Postgres on 127.0.0.1:5432, else a throwaway cluster on SPARE_PORT,
+# stopped and removed when the script exits.
+ensure_database_url() {
+  [[ -n ${DATABASE_URL:-} ]] && return 0
+  if port_open 5432; then
+    export DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres
+    return 0
+  fi
+  IDEM_THROWAWAY_PG=$(mktemp -d /tmp/idem-pg.XXXXXX)
+  start_throwaway_postgres "$IDEM_THROWAWAY_PG" "$1"
+  trap 'stop_throwaway_postgres "$IDEM_THROWAWAY_PG"; rm -rf "$IDEM_THROWAWAY_PG"' EXIT
+  export DATABASE_URL=postgres://postgres@127.0.0.1:$1/postgres
+}
