@@ -50,7 +50,8 @@ enum Answer {
 }
 
 pub fn has(db: i32, key: &[u8]) -> bool {
-    WAITERS.lock().contains_key(&(db, key.to_vec()))
+    let all = WAITERS.lock();
+    !all.is_empty() && all.contains_key(&(db, key.to_vec()))
 }
 
 pub fn count() -> usize {
@@ -151,10 +152,10 @@ pub fn flushed(ctx: *mut raw::RedisModuleCtx, db: i32) {
 
 /// Answers the waiters of `key` as far as its record allows (see module docs).
 pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
-    let id = (db, key.to_vec());
-    if !WAITERS.lock().contains_key(&id) {
+    if !has(db, key) {
         return;
     }
+    let id = (db, key.to_vec());
     let name = unsafe {
         raw::RedisModule_CreateString.expect("CreateString")(
             ctx,
