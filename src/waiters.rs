@@ -194,14 +194,14 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
                 handle.store(record);
                 Some((Answer::New(token), Some(lease_until)))
             }
-            Begin::TakenOver { token } => {
-                let Ok(Some(record)) = handle.record() else {
-                    break;
-                };
-                effects::replicate_put(ctx, name, record);
-                stats::TAKEOVERS.incr();
-                Some((Answer::New(token), Some(lease_end(&record.state))))
-            }
+            Begin::TakenOver { token } => match handle.record() {
+                Ok(Some(record)) => {
+                    effects::replicate_put(ctx, name, record);
+                    stats::TAKEOVERS.incr();
+                    Some((Answer::New(token), Some(lease_end(&record.state))))
+                }
+                _ => Some((Answer::Error(Error::NotFound), None)),
+            },
             Begin::InFlight { retry_after_ms } => {
                 let mut all = WAITERS.lock();
                 if let Some(entry) = all.get_mut(&id) {
@@ -300,7 +300,7 @@ extern "C" fn on_timeout(
     guard("wait timeout", (), || unsafe {
         let bc = raw::RedisModule_GetBlockedClientHandle.expect("GetBlockedClientHandle")(ctx);
         if !remove(bc) {
-            return; // already answered
+            return; // already answered (and unblocked) by `settle`
         }
         let retry_after = if argc > 1 {
             let mut key = Key::open_read(ctx, *argv.add(1));
