@@ -351,20 +351,10 @@ extern "C" fn on_keyspace_event(
 
 /// Re-reads the key and brings its index entry in line.
 fn resync(ctx: *mut raw::RedisModuleCtx, db: i32, name: &[u8]) {
-    let pending = with_key(ctx, name, |k| match k.record() {
-        Ok(Some(r)) if r.mirror_pending() => r.completed().map(|c| (r.token, c.completed_at)),
-        _ => None,
+    with_key(ctx, name, |k| match k.record() {
+        Ok(Some(record)) => track(db, name, record),
+        _ => forget(db, name),
     });
-    match pending {
-        Some((token, completed_at)) => {
-            PENDING
-                .lock()
-                .entry(db)
-                .or_default()
-                .insert(name, token, completed_at);
-        }
-        None => forget(db, name),
-    }
 }
 
 extern "C" fn on_flush(

@@ -13,6 +13,15 @@ use idem_testkit::{eventually, RedisConfig, RedisServer};
 use redis::cluster::ClusterClient;
 use redis::Value;
 
+fn begin_on(cluster: &mut redis::cluster::ClusterConnection, key: &str, fp: &str) -> Value {
+    redis::cmd("IDEM.BEGIN")
+        .arg(key)
+        .arg(fp)
+        .arg(600)
+        .query(cluster)
+        .unwrap()
+}
+
 fn start_cluster() -> Vec<RedisServer> {
     let nodes: Vec<RedisServer> = (0..3)
         .map(|_| {
@@ -63,26 +72,11 @@ fn commands_route_by_key_and_each_primary_mirrors_its_own_records() {
         .map(|i| format!("idem:{{tenant-{}}}:key-{i}", i % 20))
         .collect();
     for key in &keys {
-        let v: Value = redis::cmd("IDEM.BEGIN")
-            .arg(key)
-            .arg("fp")
-            .arg(600)
-            .query(&mut cluster)
-            .unwrap();
+        let v = begin_on(&mut cluster, key, "fp");
         let token = Outcome::parse(&v).token();
-        let v: Value = redis::cmd("IDEM.BEGIN")
-            .arg(key)
-            .arg("other")
-            .arg(600)
-            .query(&mut cluster)
-            .unwrap();
+        let v = begin_on(&mut cluster, key, "other");
         assert_eq!(Outcome::parse(&v), Outcome::Mismatch);
-        let v: Value = redis::cmd("IDEM.BEGIN")
-            .arg(key)
-            .arg("fp")
-            .arg(600)
-            .query(&mut cluster)
-            .unwrap();
+        let v = begin_on(&mut cluster, key, "fp");
         assert!(matches!(Outcome::parse(&v), Outcome::InFlight(_)));
         let _: () = redis::cmd("IDEM.COMPLETE")
             .arg(key)
@@ -91,12 +85,7 @@ fn commands_route_by_key_and_each_primary_mirrors_its_own_records() {
             .arg(key.as_bytes())
             .query(&mut cluster)
             .unwrap();
-        let v: Value = redis::cmd("IDEM.BEGIN")
-            .arg(key)
-            .arg("fp")
-            .arg(600)
-            .query(&mut cluster)
-            .unwrap();
+        let v = begin_on(&mut cluster, key, "fp");
         assert!(
             matches!(Outcome::parse(&v), Outcome::Replay { ref body, .. } if body == key.as_bytes())
         );

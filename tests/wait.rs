@@ -47,6 +47,19 @@ fn waiters(
     })
 }
 
+/// (answers `new` with `token`, answers `replay`)
+fn tally(answers: &[(Outcome, Duration, Connection)], token: u64) -> (usize, usize) {
+    let news = answers
+        .iter()
+        .filter(|(o, _, _)| *o == Outcome::New(token))
+        .count();
+    let replays = answers
+        .iter()
+        .filter(|(o, _, _)| matches!(o, Outcome::Replay { .. }))
+        .count();
+    (news, replays)
+}
+
 fn wait_for_waiters(con: &mut Connection, n: i64) {
     let ok = eventually(Duration::from_secs(10), || {
         idem_counter(con, "idem_waiters") == n
@@ -164,14 +177,7 @@ fn a_crashed_holder_is_taken_over_by_one_waiter_when_its_lease_lapses() {
     );
     complete(&mut holder, "k", rec.token, 200, b"done", &[]);
     let answers = waiting.join().unwrap();
-    let news = answers
-        .iter()
-        .filter(|(o, _, _)| *o == Outcome::New(rec.token))
-        .count();
-    let replays = answers
-        .iter()
-        .filter(|(o, _, _)| matches!(o, Outcome::Replay { .. }))
-        .count();
+    let (news, replays) = tally(&answers, rec.token);
     assert_eq!((news, replays), (1, 4));
 }
 
@@ -265,14 +271,7 @@ fn del_and_flushall_while_clients_wait_hand_the_key_to_one_waiter() {
         let rec = get_rec(&mut holder, "k");
         complete(&mut holder, "k", rec.token, 200, b"after wipe", &[]);
         let answers = waiting.join().unwrap();
-        let news = answers
-            .iter()
-            .filter(|(o, _, _)| *o == Outcome::New(rec.token))
-            .count();
-        let replays = answers
-            .iter()
-            .filter(|(o, _, _)| matches!(o, Outcome::Replay { .. }))
-            .count();
+        let (news, replays) = tally(&answers, rec.token);
         assert_eq!((news, replays), (1, 3), "{wipe:?}");
     }
 }

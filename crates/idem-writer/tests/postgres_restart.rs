@@ -26,20 +26,13 @@ async fn every_completion_is_mirrored_across_postgres_restarts() {
     let urls = [redis.url()];
     let mut writer = WriterProcess::start(&urls, &url, &["--batch-size", "400"]);
 
-    let client = redis.client();
-    let generator = std::thread::spawn(move || {
-        let mut conn = client.get_connection().expect("connect");
-        let mut done = Vec::with_capacity(TOTAL);
-        for chunk in 0..TOTAL / CHUNK {
-            done.extend(complete_keys(
-                &mut conn,
-                &keys("pgrestart", chunk * CHUNK..(chunk + 1) * CHUNK),
-                3600,
-            ));
-            std::thread::sleep(Duration::from_millis(40));
-        }
-        done
-    });
+    let generator = spawn_generator(
+        redis.client(),
+        "pgrestart",
+        TOTAL,
+        CHUNK,
+        Duration::from_millis(40),
+    );
 
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(

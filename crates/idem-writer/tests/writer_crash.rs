@@ -21,20 +21,13 @@ async fn every_completion_is_mirrored_across_writer_crashes() {
     let pg = connect_pg(&db.url).await;
     install_regression_trap(&pg).await;
 
-    let client = redis.client();
-    let generator = std::thread::spawn(move || {
-        let mut conn = client.get_connection().expect("connect");
-        let mut done = Vec::with_capacity(TOTAL);
-        for chunk in 0..TOTAL / CHUNK {
-            done.extend(complete_keys(
-                &mut conn,
-                &keys("crash", chunk * CHUNK..(chunk + 1) * CHUNK),
-                3600,
-            ));
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        done
-    });
+    let generator = spawn_generator(
+        redis.client(),
+        "crash",
+        TOTAL,
+        CHUNK,
+        Duration::from_millis(25),
+    );
 
     let urls = [redis.url()];
     let mut writer = WriterProcess::start(&urls, &db.url, &["--batch-size", "400"]);

@@ -25,6 +25,30 @@ pub struct Completion {
     pub headers: Vec<Vec<u8>>,
 }
 
+/// A thread completing `total` keys named `prefix-N`, `chunk` at a time
+/// with `pause` between chunks; joins to every completion it made.
+pub fn spawn_generator(
+    client: redis::Client,
+    prefix: &'static str,
+    total: usize,
+    chunk: usize,
+    pause: Duration,
+) -> std::thread::JoinHandle<Vec<Completion>> {
+    std::thread::spawn(move || {
+        let mut conn = client.get_connection().expect("connect");
+        let mut done = Vec::with_capacity(total);
+        for c in 0..total / chunk {
+            done.extend(complete_keys(
+                &mut conn,
+                &keys(prefix, c * chunk..(c + 1) * chunk),
+                3600,
+            ));
+            std::thread::sleep(pause);
+        }
+        done
+    })
+}
+
 /// BEGIN + COMPLETE for each key, as two pipelines (all BEGINs, then all
 /// COMPLETEs). Bodies are random bytes (not UTF-8), headers 0..=2 pairs.
 pub fn complete_keys(
