@@ -1,0 +1,181 @@
+//! The Postgres fence: the idempotency row of a key is claimed inside the
+//! handler's own transaction and holds the completed response by commit time,
+//! so the business effect and the authoritative record commit or roll back
+//! together, whatever Redis forgets. See docs/fence.md.
+
+mod sql;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+pub use sql::{Claim, CLAIM_SQL, COMPLETE_SQL, ROW_SQL};
+
+use crate::fingerprint::stored_hex;
+use crate::{IdemError, StoredResponse};
+
+/// The fence of one request: its key, the token Redis gave it, its request
+/// fingerprint and the key's time to live. The middleware puts one into the
+/// request extensions of every request it runs (`Extension<Fence>` in axum);
+/// without the middleware, build it with [`Fence::new`].
+#[derive(Clone)]
+pub struct Fence {
+    key: String,
+    token: i64,
+    fingerprint_hex: String,
+    ttl: Duration,
+    report: Option<Arc<Mutex<FenceReport>>>,
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fence")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the handler did with its fence, as the middleware reads it after the
+/// handler returned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum FenceReport {
+    /// The fence was not used: the middleware's ordinary store policy applies.
+    #[default]
+    Unused,
+    /// Claimed, but not committed through the fence (rolled back, failed, or
+    /// committed by hand): nothing is known to be stored.
+    Claimed,
+    /// The claim found another answer.
+    Decided(Claim),
+    /// The transaction committed with this response in the row.
+    Committed(StoredResponse),
+}
+
+/// A transaction the fence can commit: tokio-postgres' and deadpool's.
+pub trait FenceTransaction<'a>: Send + Sync {
+    fn transaction(&self) -> &tokio_postgres::Transaction<'a>;
+    fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>>;
+}
+
+impl<'a> FenceTransaction<'a> for tokio_postgres::Transaction<'a> {
+    fn transaction(&self) -> &tokio_postgres::Transaction<'a> {
+        self
+    }
+    fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
+        Box::pin(tokio_postgres::Transaction::commit(self))
+    }
+}
+
+impl<'a> FenceTransaction<'a> for deadpool_postgres::Transaction<'a> {
+    fn transaction(&self) -> &tokio_postgres::Transaction<'a> {
+        self
+    }
+    fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
+        Box::pin(deadpool_postgres::Transaction::commit(self))
+    }
+}
+
+impl Fence {
+    /// A fence for `key` held with `token` (from `IDEM.BEGIN`, or any
+    /// strictly growing number per key), `fingerprint` being the bytes sent
+    /// to BEGIN (the row keeps their SHA-256, as the module and the writer do).
+    ///
+    /// # Panics
+    /// When `token` is 0 or not below 2^63 (the module's are below 2^53).
+    pub fn new(key: impl Into<String>, token: u64, fingerprint: &[u8], ttl: Duration) -> Self {
+        let token = i64::try_from(token)
+            .ok()
+            .filter(|t| *t > 0)
+            .expect("a fencing token is positive and below 2^63");
+        Fence {
+            key: key.into(),
+            token,
+            fingerprint_hex: stored_hex(fingerprint),
+            ttl,
+            report: None,
+        }
+    }
+
+    /// The fence the middleware attached to a request, if any.
+    pub fn from_extensions(extensions: &http::Extensions) -> Option<Fence> {
+        extensions.get::<Fence>().cloned()
+    }
+
+    pub(crate) fn reporting(mut self) -> (Self, Arc<Mutex<FenceReport>>) {
+        let report = Arc::new(Mutex::new(FenceReport::Unused));
+        self.report = Some(report.clone());
+        (self, report)
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn token(&self) -> u64 {
+        self.token.unsigned_abs()
+    }
+
+    /// A key for a downstream API's own idempotency mechanism (a payment
+    /// processor's `Idempotency-Key`), derived from this key and token: the
+    /// same for every attempt under this token, different after a takeover.
+    /// See docs/fence.md for when to use the token-free [`Fence::key`].
+    pub fn downstream_key(&self) -> String {
+        format!("{}:{}", stored_hex(self.key.as_bytes()), self.token)
+    }
+
+    /// Claims the key inside `tx` (one round trip when the key is free). Only
+    /// on [`Claim::Proceed`] may the transaction go on to its business effect;
+    /// on any other answer, roll it back and answer what the claim says.
+    /// Needs READ COMMITTED (Postgres' default); under stricter isolation a
+    /// concurrent claim fails with a serialization error instead.
+    pub async fn claim(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<Claim, IdemError> {
+        let claim = sql::claim(
+            tx,
+            &self.key,
+            &self.fingerprint_hex,
+            self.token,
+            self.ttl.as_secs_f64(),
+        )
+        .await?;
+        self.set_report(match &claim {
+            Claim::Proceed => FenceReport::Claimed,
+            other => FenceReport::Decided(other.clone()),
+        });
+        Ok(claim)
+    }
+
+    /// Writes the completed response into the claimed row, in `tx`; it
+    /// becomes the key's answer when `tx` commits. `Stale` when `tx` holds no
+    /// claim with this token: then roll back.
+    pub async fn complete(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        response: &StoredResponse,
+    ) -> Result<(), IdemError> {
+        sql::complete(tx, &self.key, self.token, response).await
+    }
+
+    /// [`Fence::complete`], then commits `tx` and tells the middleware, which
+    /// then completes Redis with this response (`MIRRORED`). On an error the
+    /// transaction is rolled back, or its fate is unknown (a failed COMMIT):
+    /// either way the middleware stores nothing, and a retry's claim finds out.
+    pub async fn commit<'a, T: FenceTransaction<'a>>(
+        &self,
+        tx: T,
+        response: &StoredResponse,
+    ) -> Result<(), IdemError> {
+        self.complete(tx.transaction(), response).await?;
+        tx.commit().await?;
+        self.set_report(FenceReport::Committed(response.clone()));
+        Ok(())
+    }
+
+    fn set_report(&self, report: FenceReport) {
+        if let Some(slot) = &self.report {
+            *slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = report;
+        }
+    }
+}
