@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use tokio_postgres::types::Type;
+use tokio_postgres::Statement;
 
 pub use sql::{Claim, CLAIM_SQL, COMPLETE_SQL, ROW_SQL};
 
@@ -54,15 +56,30 @@ pub(crate) enum FenceReport {
     Committed(StoredResponse),
 }
 
-/// A transaction the fence can commit: tokio-postgres' and deadpool's.
+/// A transaction the fence works in: tokio-postgres' and deadpool's (whose
+/// statement cache keeps the fence's statements prepared per connection).
 pub trait FenceTransaction<'a>: Send + Sync {
     fn transaction(&self) -> &tokio_postgres::Transaction<'a>;
+    /// `sql` prepared, when the transaction's connection caches statements
+    /// (deadpool); `None` runs it unprepared (one round trip, planned anew).
+    fn cached_statement<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [Type],
+    ) -> BoxFuture<'s, Result<Option<Statement>, tokio_postgres::Error>>;
     fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>>;
 }
 
 impl<'a> FenceTransaction<'a> for tokio_postgres::Transaction<'a> {
     fn transaction(&self) -> &tokio_postgres::Transaction<'a> {
         self
+    }
+    fn cached_statement<'s>(
+        &'s self,
+        _sql: &'static str,
+        _types: &'static [Type],
+    ) -> BoxFuture<'s, Result<Option<Statement>, tokio_postgres::Error>> {
+        Box::pin(std::future::ready(Ok(None)))
     }
     fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
         Box::pin(tokio_postgres::Transaction::commit(self))
@@ -72,6 +89,13 @@ impl<'a> FenceTransaction<'a> for tokio_postgres::Transaction<'a> {
 impl<'a> FenceTransaction<'a> for deadpool_postgres::Transaction<'a> {
     fn transaction(&self) -> &tokio_postgres::Transaction<'a> {
         self
+    }
+    fn cached_statement<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [Type],
+    ) -> BoxFuture<'s, Result<Option<Statement>, tokio_postgres::Error>> {
+        Box::pin(async move { self.prepare_typed_cached(sql, types).await.map(Some) })
     }
     fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
         Box::pin(deadpool_postgres::Transaction::commit(self))
@@ -131,7 +155,7 @@ impl Fence {
     /// on any other answer, roll it back and answer what the claim says.
     /// Needs READ COMMITTED (Postgres' default); under stricter isolation a
     /// concurrent claim fails with a serialization error instead.
-    pub async fn claim(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<Claim, IdemError> {
+    pub async fn claim<'a, T: FenceTransaction<'a>>(&self, tx: &T) -> Result<Claim, IdemError> {
         let claim = sql::claim(
             tx,
             &self.key,
@@ -150,9 +174,9 @@ impl Fence {
     /// Writes the completed response into the claimed row, in `tx`; it
     /// becomes the key's answer when `tx` commits. `Stale` when `tx` holds no
     /// claim with this token: then roll back.
-    pub async fn complete(
+    pub async fn complete<'a, T: FenceTransaction<'a>>(
         &self,
-        tx: &tokio_postgres::Transaction<'_>,
+        tx: &T,
         response: &StoredResponse,
     ) -> Result<(), IdemError> {
         sql::complete(tx, &self.key, self.token, response).await
@@ -167,7 +191,7 @@ impl Fence {
         tx: T,
         response: &StoredResponse,
     ) -> Result<(), IdemError> {
-        self.complete(tx.transaction(), response).await?;
+        self.complete(&tx, response).await?;
         tx.commit().await?;
         self.set_report(FenceReport::Committed(response.clone()));
         Ok(())

@@ -3,9 +3,10 @@
 //! `in_progress` row), the look at a row the claim did not take, and the
 //! completion. docs/fence.md describes the same statements for other languages.
 
-use tokio_postgres::types::Type;
-use tokio_postgres::Transaction;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Row;
 
+use super::FenceTransaction;
 use crate::read_through::decode_response;
 use crate::{IdemError, StoredResponse};
 
@@ -61,6 +62,7 @@ UPDATE idempotency_keys SET
     status = 'completed', response_status = $3, response_body = $4,
     response_headers = $5, completed_at = now()
 WHERE key = $1 AND token = $2 AND status = 'in_progress'
+RETURNING 1
 ";
 
 /// What a claim found.
@@ -108,25 +110,52 @@ pub(crate) fn decide(row: ExistingRow, fingerprint_hex: &str, token: i64) -> Cla
     }
 }
 
+const CLAIM_TYPES: &[Type] = &[Type::TEXT, Type::TEXT, Type::INT8, Type::FLOAT8];
+const ROW_TYPES: &[Type] = &[Type::TEXT];
+const COMPLETE_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::INT8,
+    Type::INT4,
+    Type::BYTEA,
+    Type::BYTEA_ARRAY,
+];
+
+/// Runs `sql` in `tx`: prepared once per connection when `tx` caches
+/// statements, else unprepared (still one round trip).
+async fn query<'a, T: FenceTransaction<'a>>(
+    tx: &T,
+    sql: &'static str,
+    types: &'static [Type],
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    match tx.cached_statement(sql, types).await? {
+        Some(statement) => tx.transaction().query(&statement, params).await,
+        None => {
+            let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+                params.iter().copied().zip(types.iter().cloned()).collect();
+            tx.transaction().query_typed(sql, &typed).await
+        }
+    }
+}
+
 /// Runs the claim in `tx`.
-pub(crate) async fn claim(
-    tx: &Transaction<'_>,
+pub(crate) async fn claim<'a, T: FenceTransaction<'a>>(
+    tx: &T,
     key: &str,
     fingerprint_hex: &str,
     token: i64,
     ttl_secs: f64,
 ) -> Result<Claim, IdemError> {
-    let row = tx
-        .query_typed_one(
-            CLAIM_SQL,
-            &[
-                (&key, Type::TEXT),
-                (&fingerprint_hex, Type::TEXT),
-                (&token, Type::INT8),
-                (&ttl_secs, Type::FLOAT8),
-            ],
-        )
-        .await?;
+    let rows = query(
+        tx,
+        CLAIM_SQL,
+        CLAIM_TYPES,
+        &[&key, &fingerprint_hex, &token, &ttl_secs],
+    )
+    .await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| IdemError::Postgres("the claim answered no row".into()))?;
     let free: bool = row.try_get(0)?;
     let claimed: bool = row.try_get(1)?;
     if claimed {
@@ -135,7 +164,7 @@ pub(crate) async fn claim(
     if !free {
         return Ok(Claim::InFlight);
     }
-    let Some(row) = tx.query_typed_opt(ROW_SQL, &[(&key, Type::TEXT)]).await? else {
+    let Some(row) = query(tx, ROW_SQL, ROW_TYPES, &[&key]).await?.pop() else {
         return Err(IdemError::Postgres(format!(
             "idempotency row for {key:?} vanished while locked"
         )));
@@ -162,8 +191,8 @@ pub(crate) async fn claim(
 
 /// Stores `response` on the row `token` claimed in `tx`. `Stale` when this
 /// transaction does not hold an `in_progress` row with `token`.
-pub(crate) async fn complete(
-    tx: &Transaction<'_>,
+pub(crate) async fn complete<'a, T: FenceTransaction<'a>>(
+    tx: &T,
     key: &str,
     token: i64,
     response: &StoredResponse,
@@ -175,19 +204,14 @@ pub(crate) async fn complete(
         .iter()
         .flat_map(|(name, value)| [name.as_bytes(), value.as_ref()])
         .collect();
-    let updated = tx
-        .execute_typed(
-            COMPLETE_SQL,
-            &[
-                (&key, Type::TEXT),
-                (&token, Type::INT8),
-                (&status, Type::INT4),
-                (&body, Type::BYTEA),
-                (&headers, Type::BYTEA_ARRAY),
-            ],
-        )
-        .await?;
-    if updated == 1 {
+    let updated = query(
+        tx,
+        COMPLETE_SQL,
+        COMPLETE_TYPES,
+        &[&key, &token, &status, &body, &headers],
+    )
+    .await?;
+    if updated.len() == 1 {
         Ok(())
     } else {
         Err(IdemError::Stale(format!(
