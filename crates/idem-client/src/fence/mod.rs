@@ -143,11 +143,18 @@ impl Fence {
     }
 
     /// A key for a downstream API's own idempotency mechanism (a payment
-    /// processor's `Idempotency-Key`), derived from this key and token: the
-    /// same for every attempt under this token, different after a takeover.
-    /// See docs/fence.md for when to use the token-free [`Fence::key`].
+    /// processor's `Idempotency-Key`): hex SHA-256 over this key and the
+    /// request fingerprint. Every attempt at this request uses the same one,
+    /// across retries and takeovers (a new holder after a crashed one finds
+    /// the processor's first answer instead of charging again); the key
+    /// reused for another request after expiry gets another. The token is
+    /// deliberately not part of it: see docs/fence.md.
     pub fn downstream_key(&self) -> String {
-        format!("{}:{}", stored_hex(self.key.as_bytes()), self.token)
+        let mut framed = Vec::with_capacity(self.key.len() + 72);
+        framed.extend_from_slice(&(self.key.len() as u64).to_be_bytes());
+        framed.extend_from_slice(self.key.as_bytes());
+        framed.extend_from_slice(self.fingerprint_hex.as_bytes());
+        stored_hex(&framed)
     }
 
     /// Claims the key inside `tx` (one round trip when the key is free). Only
@@ -201,5 +208,33 @@ impl Fence {
         if let Some(slot) = &self.report {
             *slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = report;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downstream_key_follows_the_request_not_the_holder() {
+        let ttl = Duration::from_secs(60);
+        let first = Fence::new("idem:{a:k}", 10, b"fp", ttl);
+        let takeover = Fence::new("idem:{a:k}", 20, b"fp", ttl);
+        assert_eq!(first.downstream_key(), takeover.downstream_key());
+        assert_ne!(
+            first.downstream_key(),
+            Fence::new("idem:{a:k}", 30, b"other request", ttl).downstream_key()
+        );
+        assert_ne!(
+            first.downstream_key(),
+            Fence::new("idem:{b:k}", 10, b"fp", ttl).downstream_key()
+        );
+        assert_eq!(first.downstream_key().len(), 64);
+    }
+
+    #[test]
+    #[should_panic(expected = "positive")]
+    fn a_zero_token_is_refused() {
+        let _ = Fence::new("k", 0, b"fp", Duration::from_secs(1));
     }
 }
