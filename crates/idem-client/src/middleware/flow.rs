@@ -208,16 +208,23 @@ where
         }
         return Ok(respond(&key, parts, collected));
     }
-    if let Ok(Collected::Complete(body)) = &collected {
-        if (config.store_policy)(parts.status) {
+    match &collected {
+        Ok(Collected::Complete(body)) if (config.store_policy)(parts.status) => {
             let stored = held.stored(&parts, body);
             if let Some(answer) = held.store(&stored).await {
                 return Ok(answer);
             }
-            return Ok(respond(&key, parts, collected));
         }
+        Ok(Collected::Overflow { .. }) => {
+            tracing::warn!(
+                key,
+                limit,
+                "response larger than max_response_body: sent but not stored, key released"
+            );
+            held.release().await;
+        }
+        _ => held.release().await,
     }
-    held.release().await;
     Ok(respond(&key, parts, collected))
 }
 
@@ -258,7 +265,7 @@ where
 }
 
 /// The handler's response as it goes out: whole, resumed after the buffered
-/// prefix, or a 500 problem when its body failed.
+/// prefix, or a 500 problem when its body failed (the key is settled already).
 fn respond<B>(
     key: &str,
     parts: response::Parts,
@@ -267,14 +274,10 @@ fn respond<B>(
     match collected {
         Ok(Collected::Complete(body)) => Response::from_parts(parts, IdemBody::full(body)),
         Ok(Collected::Overflow { prefix, rest }) => {
-            tracing::warn!(
-                key,
-                "response larger than max_response_body: sent but not stored by the layer"
-            );
             Response::from_parts(parts, IdemBody::resumed(prefix, rest))
         }
         Err(err) => {
-            tracing::warn!(key, error = %err, "response body failed; key released");
+            tracing::warn!(key, error = %err, "response body failed");
             Problem::Internal.into_response()
         }
     }
