@@ -2,6 +2,7 @@
 //! name). Bad input becomes `Error::BadArg` / `Error::TooLarge` before any
 //! record is touched.
 
+use crate::record::STATUS_RANGE;
 use crate::{Error, Header};
 
 /// Limits taken from the module's configs at call time.
@@ -145,7 +146,8 @@ pub fn complete<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Complete<'a>, 
         "IDEM.COMPLETE key token status body [HEADER name value]... [MIRRORED]",
     )?;
     let token = token(args[1])?;
-    let status = ranged(args[2], "status", 100, 599)? as u16;
+    let (lo, hi) = (*STATUS_RANGE.start(), *STATUS_RANGE.end());
+    let status = ranged(args[2], "status", lo.into(), hi.into())? as u16;
     let body = args[3];
     let mut headers = Vec::new();
     let mut mirrored = false;
