@@ -53,6 +53,13 @@ impl Key {
         };
     }
 
+    /// Signals the key modified, then reads its record (for changes made in
+    /// place through an earlier `record()` borrow).
+    pub fn signal_then_record(&mut self) -> Result<Option<&mut Record>, Error> {
+        self.modified();
+        self.record()
+    }
+
     /// The key's absolute expiry, `NO_EXPIRY` when it has none.
     pub fn expiry(&self) -> u64 {
         // SAFETY: plain FFI call on an open key.

@@ -289,10 +289,7 @@ fn settle_named(ctx: *mut raw::RedisModuleCtx, id: &KeyId, name: *mut raw::Redis
                 handle.store(record);
                 Some((Answer::New(token), Some(lease_until)))
             }
-            Begin::TakenOver { token } => match {
-                handle.modified();
-                handle.record()
-            } {
+            Begin::TakenOver { token } => match handle.signal_then_record() {
                 Ok(Some(record)) => {
                     effects::replicate_put(ctx, name, record);
                     stats::TAKEOVERS.incr();
