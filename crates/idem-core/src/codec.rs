@@ -143,7 +143,13 @@ mod tests {
     /// Records as a node could have written them: every field in range.
     fn arb_valid_record() -> impl Strategy<Value = Record> {
         use crate::record::{TIME_LIMIT_MS, TOKEN_LIMIT};
-        (arb_record(), 1..TOKEN_LIMIT, 0..=TIME_LIMIT_MS, 0..=TIME_LIMIT_MS, 0..=TIME_LIMIT_MS)
+        (
+            arb_record(),
+            1..TOKEN_LIMIT,
+            0..=TIME_LIMIT_MS,
+            0..=TIME_LIMIT_MS,
+            0..=TIME_LIMIT_MS,
+        )
             .prop_map(|(mut r, token, t1, t2, t3)| {
                 r.token = token;
                 r.created_at = t1;

@@ -100,7 +100,8 @@ impl Record {
             return bad("a token outside 1..2^53");
         }
         let time_ok = |t: u64| t <= TIME_LIMIT_MS;
-        if !time_ok(self.created_at) || !(time_ok(self.expires_at) || self.expires_at == NO_EXPIRY) {
+        if !time_ok(self.created_at) || !(time_ok(self.expires_at) || self.expires_at == NO_EXPIRY)
+        {
             return bad("a time out of range");
         }
         match &self.state {
@@ -169,12 +170,32 @@ mod tests {
         r.expires_at = NO_EXPIRY;
         assert!(r.validate().is_ok(), "no expiry is valid");
         for bad in [
-            Record { token: 0, ..completed(200) },
-            Record { token: TOKEN_LIMIT, ..completed(200) },
-            Record { token: u64::MAX, ..completed(200) },
-            Record { created_at: TIME_LIMIT_MS + 1, ..completed(200) },
-            Record { expires_at: NO_EXPIRY - 1, ..completed(200) },
-            Record { state: State::InProgress { lease_until: u64::MAX }, ..completed(200) },
+            Record {
+                token: 0,
+                ..completed(200)
+            },
+            Record {
+                token: TOKEN_LIMIT,
+                ..completed(200)
+            },
+            Record {
+                token: u64::MAX,
+                ..completed(200)
+            },
+            Record {
+                created_at: TIME_LIMIT_MS + 1,
+                ..completed(200)
+            },
+            Record {
+                expires_at: NO_EXPIRY - 1,
+                ..completed(200)
+            },
+            Record {
+                state: State::InProgress {
+                    lease_until: u64::MAX,
+                },
+                ..completed(200)
+            },
             completed(99),
             completed(600),
         ] {

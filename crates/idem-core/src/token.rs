@@ -86,6 +86,10 @@ mod tests {
         c.observe((now + MAX_SKEW_MS + 1) * 1000, now);
         assert_eq!(c.next(now), now * 1000, "far-future tokens are not trusted");
         c.observe((now + 1000) * 1000, now);
-        assert_eq!(c.next(now), (now + 1000) * 1000 + 1, "a clock a second ahead is");
+        assert_eq!(
+            c.next(now),
+            (now + 1000) * 1000 + 1,
+            "a clock a second ahead is"
+        );
     }
 }
