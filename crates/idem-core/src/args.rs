@@ -291,7 +291,7 @@ mod tests {
             "k fp 99999999999999999999999",
         ] {
             let e = begin(&a(bad), &LIMITS).unwrap_err();
-            assert_eq!(e.code(), "BADARG", "{bad}");
+            assert_eq!(e.code().as_str(), "BADARG", "{bad}");
         }
     }
 
@@ -318,15 +318,15 @@ mod tests {
             "k 9223372036854775808 200 b",
         ] {
             assert_eq!(
-                complete(&a(bad), &LIMITS).unwrap_err().code(),
+                complete(&a(bad), &LIMITS).unwrap_err().code().as_str(),
                 "BADARG",
                 "{bad}"
             );
         }
         let e = complete(&a("k 5 200 0123456789a"), &LIMITS).unwrap_err();
-        assert_eq!(e.code(), "TOOLARGE");
+        assert_eq!(e.code().as_str(), "TOOLARGE");
         let e = complete(&a("k 5 200 0123456 HEADER ab cd"), &LIMITS).unwrap_err();
-        assert_eq!(e.code(), "TOOLARGE");
+        assert_eq!(e.code().as_str(), "TOOLARGE");
     }
 
     #[test]

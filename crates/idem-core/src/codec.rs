@@ -83,7 +83,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{Completed, Header, MirrorState, State};
     use proptest::prelude::*;
@@ -141,7 +141,7 @@ mod tests {
     }
 
     /// Records as a node could have written them: every field in range.
-    fn arb_valid_record() -> impl Strategy<Value = Record> {
+    pub(crate) fn arb_valid_record() -> impl Strategy<Value = Record> {
         use crate::record::{TIME_LIMIT_MS, TOKEN_LIMIT};
         (
             arb_record(),
