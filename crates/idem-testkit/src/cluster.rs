@@ -212,6 +212,7 @@ impl RedisCluster {
             })
         });
         assert!(known, "the new node did not join");
+        self.wait_healthy(Duration::from_secs(30));
         i
     }
 
@@ -278,8 +279,9 @@ impl RedisCluster {
     }
 }
 
-/// `(first slot, last slot, primary port)` of each range in `CLUSTER SLOTS`.
-fn cluster_slots(conn: &mut redis::Connection) -> Vec<(u16, u16, u16)> {
+/// `(first slot, last slot, primary port)` of each range in `CLUSTER SLOTS`
+/// (empty when the node does not answer).
+pub fn cluster_slots(conn: &mut redis::Connection) -> Vec<(u16, u16, u16)> {
     let reply: Vec<Value> = redis::cmd("CLUSTER")
         .arg("SLOTS")
         .query(conn)
