@@ -71,30 +71,52 @@ enum Failover {
     Kill,
 }
 
-struct Run {
-    outcome: Outcome,
-    promoted_port: u16,
-    victim_port: u16,
-    metrics: String,
-    writer: WriterProcess,
+/// The cluster as a failover test drives it.
+struct ClusterSetup {
+    cluster: RedisCluster,
+    kind: Failover,
+    victim: usize,
+    replica: usize,
 }
 
-/// Load on every shard; Postgres locked so records pile up pending (and
-/// reach the replica); the failover; more load on the promoted primary;
-/// Postgres unlocked; then (following) wait for every primary to drain, or
-/// (not following) give the writer as long, and check.
+impl FailoverSetup for ClusterSetup {
+    fn replica_pending(&mut self) -> i64 {
+        pending(&self.cluster, self.replica)
+    }
+
+    fn fail_over(&mut self) {
+        let replica = self.replica;
+        match self.kind {
+            Failover::Manual => self.cluster.manual_failover(replica),
+            Failover::Kill => {
+                self.cluster.nodes[self.victim].kill();
+                let promoted = eventually(Duration::from_secs(30), || {
+                    self.cluster.role(replica) == "master"
+                });
+                assert!(promoted, "the replica was not promoted");
+            }
+        }
+    }
+
+    fn pending_on_primaries(&mut self) -> i64 {
+        self.cluster.wait_healthy(Duration::from_secs(30));
+        let primaries = self.cluster.primaries();
+        assert!(primaries.contains(&self.replica), "{primaries:?}");
+        primaries.iter().map(|&p| pending(&self.cluster, p)).sum()
+    }
+}
+
+/// A 3+3 cluster, the writer following it (or a fixed list of its
+/// primaries), load on every shard, and `kind` of failover of one shard.
 async fn failover_run(kind: Failover, follow: bool) -> Run {
     let mut cluster = RedisCluster::start(3, 1, NODE_TIMEOUT_MS);
     let db = PgDatabase::create();
     migrate(&db.url).await;
-    let pg = connect_pg(&db.url).await;
-    install_regression_trap(&pg).await;
 
     let primaries = cluster.primaries();
     assert_eq!(primaries.len(), 3);
     let victim = primaries[0];
     let replica = cluster.replica_of(victim);
-    let (victim_port, promoted_port) = (cluster.nodes[victim].port, cluster.nodes[replica].port);
     let urls = cluster.urls();
     let mut args: Vec<&str> = vec!["--batch-size", "100", "--shutdown-grace", "3s"];
     if follow {
@@ -105,88 +127,29 @@ async fn failover_run(kind: Failover, follow: bool) -> Run {
         }
     }
     let writer = WriterProcess::start(&[], &db.url, &args);
-
     let tags: Vec<String> = primaries
         .iter()
         .map(|&p| tag_on(&mut cluster, p, "shard"))
         .collect();
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
-    let load = Load::start(tags.clone(), cluster_route(ports, tags.clone()));
-    let mirroring = wait_until(Duration::from_secs(30), || async {
-        row_count(&pg).await >= 300
-    })
-    .await;
-    assert!(mirroring, "nothing mirrored:\n{}", writer.log_tail());
-
-    let lock = TableLock::take(&db.url).await;
-    let piled_up = eventually(Duration::from_secs(30), || {
-        pending(&cluster, replica) >= 200
-    });
-    assert!(piled_up, "records did not pile up on the replica");
-    match kind {
-        Failover::Manual => cluster.manual_failover(replica),
-        Failover::Kill => {
-            cluster.nodes[victim].kill();
-            let promoted = eventually(Duration::from_secs(30), || {
-                cluster.role(replica) == "master"
-            });
-            assert!(promoted, "the replica was not promoted");
-        }
-    }
-    let served = eventually(Duration::from_secs(30), || {
-        load.count_on(promoted_port) >= 200
-    });
-    assert!(served, "no load reached the promoted primary");
-    lock.release().await;
-    let (done, mut route) = load.stop();
-    cluster.wait_healthy(Duration::from_secs(30));
-
-    let primaries = cluster.primaries();
-    assert!(primaries
-        .iter()
-        .any(|&p| cluster.nodes[p].port == promoted_port));
-    if follow {
-        let drained = eventually(Duration::from_secs(30), || {
-            primaries.iter().all(|&p| pending(&cluster, p) == 0)
-        });
-        assert!(drained, "pending records left:\n{}", writer.log_tail());
-    } else {
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
-    let outcome = check(&done, &tags, &mut route, &pg).await;
-    assert_no_regressions(&pg).await;
-    let (_, metrics) = writer.http_get("/metrics");
-    Run {
-        outcome,
-        promoted_port,
-        victim_port,
-        metrics,
-        writer,
-    }
-}
-
-/// What every following run must show.
-fn assert_followed(run: &mut Run) {
-    let o = &run.outcome;
-    assert!(o.replicated >= 200, "{o:?}");
-    assert_eq!(o.lost_replicated, 0, "{o:?}");
-    assert_eq!(o.unmirrored, 0, "{o:?}");
-    assert_eq!(o.unacknowledged, 0, "{o:?}");
-    assert!(
-        run.writer.is_running(),
-        "the writer stopped:\n{}",
-        run.writer.log_tail()
-    );
-    let gauge = |port| {
-        metric(
-            &run.metrics,
-            &node_series("idem_writer_node_mirrored", port),
-        )
+    let route = cluster_route(ports, tags.clone());
+    let (victim_port, promoted_port) = (cluster.nodes[victim].port, cluster.nodes[replica].port);
+    let mut setup = ClusterSetup {
+        cluster,
+        kind,
+        victim,
+        replica,
     };
-    assert_eq!(gauge(run.promoted_port), Some(1.0), "{}", run.metrics);
-    assert_eq!(gauge(run.victim_port), Some(0.0), "{}", run.metrics);
-    let changes = metric(&run.metrics, "idem_writer_topology_changes_total");
-    assert!(changes >= Some(2.0), "{}", run.metrics);
+    drive(
+        &mut setup,
+        writer,
+        &db.url,
+        tags,
+        route,
+        follow,
+        (victim_port, promoted_port),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,17 +178,7 @@ async fn writer_follows_a_killed_primary() {
 async fn without_following_a_killed_primary_strands_records() {
     let _serial = serial();
     let run = failover_run(Failover::Kill, false).await;
-    let o = &run.outcome;
-    assert_eq!(o.lost_replicated, 0, "{o:?}");
-    let on = |port| o.unmirrored_by_port.get(&port).copied().unwrap_or(0);
-    // Everything completed on the promoted primary, plus what it had pending
-    // from the old one, stays pending; the other shards are mirrored.
-    assert!(on(run.promoted_port) >= 200, "{o:?}");
-    assert_eq!(
-        o.unmirrored,
-        on(run.promoted_port) + on(run.victim_port),
-        "{o:?}"
-    );
+    assert_stranded(&run);
 }
 
 /// A shard added while running, a slot whose records are pending (some

@@ -9,7 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{field_int, field_text, redis_records, rows, try_complete_keys, Completion};
+use idem_testkit::eventually;
+
+use super::{
+    assert_no_regressions, connect_pg, field_int, field_text, install_regression_trap, metric,
+    redis_records, row_count, rows, try_complete_keys, wait_until, Completion, WriterProcess,
+};
 
 /// Finds the current primary of a shard: `(port, connection)`, or `None`
 /// while there is none reachable.
@@ -213,4 +218,121 @@ impl TableLock {
 /// The series `name{node="127.0.0.1:port/0"}` of the writer's metrics.
 pub fn node_series(name: &str, port: u16) -> String {
     format!("{name}{{node=\"127.0.0.1:{port}/0\"}}")
+}
+
+/// A failover run's result.
+pub struct Run {
+    pub outcome: Outcome,
+    /// The replica promoted, and the primary it replaced.
+    pub promoted_port: u16,
+    pub victim_port: u16,
+    /// The writer's `/metrics` at the end.
+    pub metrics: String,
+    pub writer: WriterProcess,
+}
+
+/// What a run with topology following shows: no replicated record lost,
+/// every surviving record mirrored once and acknowledged, by the same writer
+/// process, which now mirrors the promoted node and no longer the old one.
+pub fn assert_followed(run: &mut Run) {
+    let o = &run.outcome;
+    assert!(o.replicated >= 200, "{o:?}");
+    assert_eq!(o.lost_replicated, 0, "{o:?}");
+    assert_eq!(o.unmirrored, 0, "{o:?}");
+    assert_eq!(o.unacknowledged, 0, "{o:?}");
+    assert!(
+        run.writer.is_running(),
+        "the writer stopped:\n{}",
+        run.writer.log_tail()
+    );
+    let gauge = |port| {
+        metric(
+            &run.metrics,
+            &node_series("idem_writer_node_mirrored", port),
+        )
+    };
+    assert_eq!(gauge(run.promoted_port), Some(1.0), "{}", run.metrics);
+    assert_eq!(gauge(run.victim_port), Some(0.0), "{}", run.metrics);
+    let changes = metric(&run.metrics, "idem_writer_topology_changes_total");
+    assert!(changes >= Some(2.0), "{}", run.metrics);
+}
+
+/// What the same run without following shows (teeth): the records completed
+/// on the promoted primary, and those it had pending from the old one, stay
+/// unmirrored; everything else is mirrored.
+pub fn assert_stranded(run: &Run) {
+    let o = &run.outcome;
+    assert_eq!(o.lost_replicated, 0, "{o:?}");
+    let on = |port| o.unmirrored_by_port.get(&port).copied().unwrap_or(0);
+    assert!(on(run.promoted_port) >= 200, "{o:?}");
+    assert_eq!(
+        o.unmirrored,
+        on(run.promoted_port) + on(run.victim_port),
+        "{o:?}"
+    );
+}
+
+/// A primary with a replica about to take over, as [`drive`] needs it.
+pub trait FailoverSetup {
+    /// Records pending on the replica that will be promoted.
+    fn replica_pending(&mut self) -> i64;
+    /// Fails over; returns once the replica is a primary.
+    fn fail_over(&mut self);
+    /// Records pending on all primaries now (after the failover).
+    fn pending_on_primaries(&mut self) -> i64;
+}
+
+/// Load on every shard (`tags`) until the writer has mirrored some;
+/// Postgres locked so that records pile up pending, also on the replica;
+/// the failover; load until the promoted primary has acknowledged 200
+/// completions; Postgres unlocked; then (`follow`) wait until nothing is
+/// pending anywhere, or (not following) give the writer 5 s; and check.
+/// `ports`: the old primary's and the promoted replica's.
+pub async fn drive(
+    setup: &mut dyn FailoverSetup,
+    writer: WriterProcess,
+    database_url: &str,
+    tags: Vec<String>,
+    route: Route,
+    follow: bool,
+    (victim_port, promoted_port): (u16, u16),
+) -> Run {
+    let pg = connect_pg(database_url).await;
+    install_regression_trap(&pg).await;
+    let load = Load::start(tags.clone(), route);
+    let mirroring = wait_until(Duration::from_secs(30), || async {
+        row_count(&pg).await >= 300
+    })
+    .await;
+    assert!(mirroring, "nothing mirrored:\n{}", writer.log_tail());
+
+    let lock = TableLock::take(database_url).await;
+    let piled_up = eventually(Duration::from_secs(30), || setup.replica_pending() >= 200);
+    assert!(piled_up, "records did not pile up on the replica");
+    setup.fail_over();
+    let served = eventually(Duration::from_secs(30), || {
+        load.count_on(promoted_port) >= 200
+    });
+    assert!(served, "no load reached the promoted primary");
+    lock.release().await;
+    let (done, mut route) = load.stop();
+
+    if follow {
+        let drained = eventually(Duration::from_secs(30), || {
+            setup.pending_on_primaries() == 0
+        });
+        assert!(drained, "pending records left:\n{}", writer.log_tail());
+    } else {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let outcome = check(&done, &tags, &mut route, &pg).await;
+    assert_no_regressions(&pg).await;
+    let (_, metrics) = writer.http_get("/metrics");
+    Run {
+        outcome,
+        promoted_port,
+        victim_port,
+        metrics,
+        writer,
+    }
 }
