@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::failover::*;
@@ -17,14 +16,10 @@ use idem_testkit::cluster::{cluster_slots, RedisCluster};
 use idem_testkit::{eventually, PgDatabase};
 use redis::cluster_routing::get_slot;
 
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// `cluster-node-timeout`: small, so a killed primary is replaced in a few seconds.
 const NODE_TIMEOUT_MS: u64 = 1500;
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A hash tag whose slot node `primary` serves.
 fn tag_on(cluster: &mut RedisCluster, primary: usize, prefix: &str) -> String {
@@ -154,7 +149,7 @@ async fn failover_run(kind: Failover, follow: bool) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_follows_a_manual_cluster_failover() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let mut run = failover_run(Failover::Manual, true).await;
     assert_followed(&mut run);
     // A manual failover waits for the replica to catch up: nothing is lost.
@@ -167,7 +162,7 @@ async fn writer_follows_a_manual_cluster_failover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_follows_a_killed_primary() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let mut run = failover_run(Failover::Kill, true).await;
     assert_followed(&mut run);
 }
@@ -176,7 +171,7 @@ async fn writer_follows_a_killed_primary() {
 /// the records of the promoted replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_following_a_killed_primary_strands_records() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let run = failover_run(Failover::Kill, false).await;
     assert_stranded(&run);
 }
@@ -189,7 +184,7 @@ async fn without_following_a_killed_primary_strands_records() {
 /// MOVED).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_follows_added_and_removed_shards() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let mut cluster = RedisCluster::start(3, 0, 5000);
     let db = PgDatabase::create();
     migrate(&db.url).await;
@@ -267,7 +262,7 @@ async fn writer_follows_added_and_removed_shards() {
 /// client routes through it and the writer mirrors it from one seed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_script_starts_a_cluster_the_writer_mirrors() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let base = free_port_range();
     let data = idem_testkit::scratch_dir("cluster-sh");
     let script = |command: &str| {

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::failover::*;
@@ -14,7 +13,7 @@ use common::*;
 use idem_testkit::cluster::SentinelSetup;
 use idem_testkit::{eventually, PgDatabase};
 
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const SERVICE: &str = "idem";
 
@@ -102,7 +101,7 @@ async fn sentinel_run(follow: bool) -> Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_follows_a_sentinel_failover() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let mut run = sentinel_run(true).await;
     assert_followed(&mut run);
 }
@@ -110,7 +109,7 @@ async fn writer_follows_a_sentinel_failover() {
 /// Teeth: the same failover with the old primary as a fixed `--redis`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_following_a_sentinel_failover_strands_records() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let run = sentinel_run(false).await;
     assert_stranded(&run);
 }

@@ -236,6 +236,7 @@ pub struct Run {
 /// process, which now mirrors the promoted node and no longer the old one.
 pub fn assert_followed(run: &mut Run) {
     let o = &run.outcome;
+    eprintln!("followed: {o:?}");
     assert!(o.replicated >= 200, "{o:?}");
     assert_eq!(o.lost_replicated, 0, "{o:?}");
     assert_eq!(o.unmirrored, 0, "{o:?}");
@@ -262,6 +263,7 @@ pub fn assert_followed(run: &mut Run) {
 /// unmirrored; everything else is mirrored.
 pub fn assert_stranded(run: &Run) {
     let o = &run.outcome;
+    eprintln!("not followed: {o:?}");
     assert_eq!(o.lost_replicated, 0, "{o:?}");
     let on = |port| o.unmirrored_by_port.get(&port).copied().unwrap_or(0);
     assert!(on(run.promoted_port) >= 200, "{o:?}");
