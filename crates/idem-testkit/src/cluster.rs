@@ -463,13 +463,7 @@ impl Sentinel {
 
     /// The port `SENTINEL GET-MASTER-ADDR-BY-NAME` names.
     pub fn primary_port(&self, name: &str) -> Option<u16> {
-        let mut c = self.client().get_connection().ok()?;
-        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(name)
-            .query(&mut c)
-            .ok()?;
-        addr.map(|(_, port)| port)
+        sentinel_primary_port(self.port, name)
     }
 
     pub fn log(&self) -> String {
@@ -485,4 +479,24 @@ impl Drop for Sentinel {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The primary's port that the sentinel on `sentinel_port` names for
+/// `name` (`None` when it does not answer or does not know it).
+pub fn sentinel_primary_port(sentinel_port: u16, name: &str) -> Option<u16> {
+    let mut c = connect_local(sentinel_port)?;
+    let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(name)
+        .query(&mut c)
+        .ok()?;
+    addr.map(|(_, port)| port)
+}
+
+/// A connection to `127.0.0.1:port` within half a second, or `None`.
+pub fn connect_local(port: u16) -> Option<redis::Connection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .ok()?
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()
 }

@@ -328,53 +328,46 @@ impl Metrics {
             );
         }
 
-        let name = "idem_writer_cleanup_rows_removed_total";
-        header(
+        let scalar = |out: &mut String, name: &str, kind: &str, help: &str, value: String| {
+            header(out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
+        };
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
+        let flag = |f: &AtomicBool| u8::from(f.load(Ordering::Relaxed)).to_string();
+        scalar(
             &mut out,
-            name,
+            "idem_writer_cleanup_rows_removed_total",
             "counter",
             "Expired rows deleted by the cleanup job.",
+            count(&self.cleanup_rows_removed),
         );
-        let _ = writeln!(
-            out,
-            "{name} {}",
-            self.cleanup_rows_removed.load(Ordering::Relaxed)
-        );
-        let name = "idem_writer_cleanup_runs_total";
-        header(&mut out, name, "counter", "Completed cleanup runs.");
-        let _ = writeln!(out, "{name} {}", self.cleanup_runs.load(Ordering::Relaxed));
-        let name = "idem_writer_topology_changes_total";
-        header(
+        scalar(
             &mut out,
-            name,
+            "idem_writer_cleanup_runs_total",
+            "counter",
+            "Completed cleanup runs.",
+            count(&self.cleanup_runs),
+        );
+        scalar(
+            &mut out,
+            "idem_writer_topology_changes_total",
             "counter",
             "Changes of the set of mirrored primaries (the first discovery included).",
+            count(&self.topology_changes),
         );
-        let _ = writeln!(
-            out,
-            "{name} {}",
-            self.topology_changes.load(Ordering::Relaxed)
-        );
-        let name = "idem_writer_topology_last_change_timestamp_seconds";
-        header(
+        scalar(
             &mut out,
-            name,
+            "idem_writer_topology_last_change_timestamp_seconds",
             "gauge",
             "Unix time of the last change of the set of mirrored primaries (0 never).",
+            (self.topology_changed_at_ms.load(Ordering::Relaxed) as f64 / 1e3).to_string(),
         );
-        let at_ms = self.topology_changed_at_ms.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name} {}", at_ms as f64 / 1e3);
-        let name = "idem_writer_postgres_up";
-        header(
+        scalar(
             &mut out,
-            name,
+            "idem_writer_postgres_up",
             "gauge",
             "1 when the last Postgres exchange succeeded.",
-        );
-        let _ = writeln!(
-            out,
-            "{name} {}",
-            u8::from(self.postgres_up.load(Ordering::Relaxed))
+            flag(&self.postgres_up),
         );
         out
     }

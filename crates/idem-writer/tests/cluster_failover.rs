@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::failover::*;
 use common::*;
-use idem_testkit::cluster::{cluster_slots, RedisCluster};
+use idem_testkit::cluster::{cluster_slots, connect_local, RedisCluster};
 use idem_testkit::{eventually, PgDatabase};
 use redis::cluster_routing::get_slot;
 
@@ -39,19 +39,12 @@ fn cluster_route(ports: Vec<u16>, tags: Vec<String>) -> Route {
     Box::new(move |shard| {
         let slot = slot_of(&tags[shard]);
         let owner = ports.iter().find_map(|port| {
-            cluster_slots(&mut connect(*port)?)
+            cluster_slots(&mut connect_local(*port)?)
                 .into_iter()
                 .find_map(|(from, to, owner)| (from..=to).contains(&slot).then_some(owner))
         })?;
-        connect(owner).map(|c| (owner, c))
+        connect_local(owner).map(|c| (owner, c))
     })
-}
-
-fn connect(port: u16) -> Option<redis::Connection> {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .ok()?
-        .get_connection_with_timeout(Duration::from_millis(500))
-        .ok()
 }
 
 fn pending(cluster: &RedisCluster, node: usize) -> i64 {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::failover::*;
 use common::*;
-use idem_testkit::cluster::SentinelSetup;
+use idem_testkit::cluster::{connect_local, sentinel_primary_port, SentinelSetup};
 use idem_testkit::{eventually, PgDatabase};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -45,24 +45,11 @@ impl FailoverSetup for Sentinels {
 /// The primary's port as the first sentinel that answers names it.
 fn sentinel_route(sentinel_ports: Vec<u16>) -> Route {
     Box::new(move |_shard| {
-        let port = sentinel_ports.iter().find_map(|port| {
-            let mut c = connect(*port)?;
-            let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(SERVICE)
-                .query(&mut c)
-                .ok()?;
-            addr.map(|(_, port)| port)
-        })?;
-        connect(port).map(|c| (port, c))
+        let port = sentinel_ports
+            .iter()
+            .find_map(|port| sentinel_primary_port(*port, SERVICE))?;
+        connect_local(port).map(|c| (port, c))
     })
-}
-
-fn connect(port: u16) -> Option<redis::Connection> {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .ok()?
-        .get_connection_with_timeout(Duration::from_millis(500))
-        .ok()
 }
 
 async fn sentinel_run(follow: bool) -> Run {
