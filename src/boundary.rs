@@ -131,6 +131,10 @@ impl Reply {
         };
     }
 
+    pub fn signed(self, v: i64) {
+        unsafe { raw::RedisModule_ReplyWithLongLong.expect("ReplyWithLongLong")(self.0, v) };
+    }
+
     pub fn bulk(self, b: &[u8]) {
         unsafe {
             raw::RedisModule_ReplyWithStringBuffer.expect("ReplyWithStringBuffer")(

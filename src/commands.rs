@@ -4,9 +4,11 @@
 use std::ffi::{c_int, CString};
 
 use idem_core::engine::{self, Begin};
+use idem_core::record::NO_EXPIRY;
 use idem_core::{args, Completed, Error, Record, State};
 use redis_module::{raw, Context};
 
+use crate::acl::{self, KeyAccess};
 use crate::boundary::{entry_point, Call, Reply};
 use crate::keyspace::{now_ms, Key};
 use crate::{config, effects, mirror, stats, waiters, TOKENS};
@@ -23,20 +25,64 @@ entry_point!(ack_cmd, mirror::ack);
 type EntryPoint =
     extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int;
 
-/// name, entry point, flags, first key, last key, key step.
-const COMMANDS: &[(&str, EntryPoint, &str, c_int, c_int, c_int)] = &[
-    ("IDEM.BEGIN", begin_cmd, "write deny-oom", 1, 1, 1),
-    ("IDEM.COMPLETE", complete_cmd, "write deny-oom", 1, 1, 1),
-    ("IDEM.ABORT", abort_cmd, "write fast", 1, 1, 1),
-    ("IDEM.TOUCH", touch_cmd, "write fast", 1, 1, 1),
-    ("IDEM.GET", get_cmd, "readonly fast", 1, 1, 1),
-    ("IDEM._PUT", put_cmd, "write", 1, 1, 1),
-    ("IDEM.MIRROR.PULL", pull_cmd, "write", 0, 0, 0),
-    ("IDEM.MIRROR.ACK", ack_cmd, "write fast", 1, 1, 1),
+/// name, entry point, flags, what it does to its key (argument 1; None:
+/// keyless), ACL categories (Redis 7.2+).
+const COMMANDS: &[(&str, EntryPoint, &str, Option<KeyAccess>, &str)] = &[
+    (
+        "IDEM.BEGIN",
+        begin_cmd,
+        "write deny-oom",
+        Some(KeyAccess::ReadWrite),
+        "write",
+    ),
+    (
+        "IDEM.COMPLETE",
+        complete_cmd,
+        "write deny-oom",
+        Some(KeyAccess::Update),
+        "write",
+    ),
+    (
+        "IDEM.ABORT",
+        abort_cmd,
+        "write fast",
+        Some(KeyAccess::Delete),
+        "write fast",
+    ),
+    (
+        "IDEM.TOUCH",
+        touch_cmd,
+        "write fast",
+        Some(KeyAccess::Update),
+        "write fast",
+    ),
+    (
+        "IDEM.GET",
+        get_cmd,
+        "readonly fast",
+        Some(KeyAccess::Read),
+        "read fast",
+    ),
+    (
+        "IDEM._PUT",
+        put_cmd,
+        "write",
+        Some(KeyAccess::Overwrite),
+        "write",
+    ),
+    ("IDEM.MIRROR.PULL", pull_cmd, "write", None, "write"),
+    (
+        "IDEM.MIRROR.ACK",
+        ack_cmd,
+        "write fast",
+        Some(KeyAccess::Update),
+        "write fast",
+    ),
 ];
 
 pub fn register(ctx: &Context) -> Result<(), String> {
-    for &(name, entry, flags, first, last, step) in COMMANDS {
+    for &(name, entry, flags, key, categories) in COMMANDS {
+        let (first, last, step) = if key.is_some() { (1, 1, 1) } else { (0, 0, 0) };
         let (cname, cflags) = (CString::new(name).unwrap(), CString::new(flags).unwrap());
         let status = unsafe {
             raw::RedisModule_CreateCommand.expect("CreateCommand")(
@@ -52,6 +98,7 @@ pub fn register(ctx: &Context) -> Result<(), String> {
         if status != raw::REDISMODULE_OK as c_int {
             return Err(format!("cannot register {name}"));
         }
+        acl::describe(ctx.get_raw(), name, key, categories)?;
     }
     Ok(())
 }
@@ -71,6 +118,7 @@ fn begin(call: &Call) -> Result<(), Error> {
             reply_new(reply, token);
         }
         Begin::TakenOver { token } => {
+            key.modified();
             let record = key.record()?.ok_or(Error::NotFound)?;
             effects::replicate_put(call.ctx, call.raw_arg(0), record);
             stats::NEW.incr();
@@ -123,6 +171,15 @@ pub fn reply_mismatch(reply: Reply) {
     reply.bulk(b"mismatch");
 }
 
+/// An absolute expiry: Unix ms, or -1 for a key without TTL.
+pub fn reply_expiry(reply: Reply, at: u64) {
+    if at == NO_EXPIRY {
+        reply.signed(-1);
+    } else {
+        reply.int(at);
+    }
+}
+
 pub fn reply_headers(reply: Reply, c: &Completed) {
     reply.array(c.headers.len() * 2);
     for h in &c.headers {
@@ -144,6 +201,7 @@ fn complete(call: &Call) -> Result<(), Error> {
     let req = args::complete(&call.args, &config::limits())?;
     let mut key = Key::open(call.ctx, call.raw_arg(0));
     count_stale(engine::complete(key.record()?, req, now_ms()))?;
+    key.modified();
     let record = key.record()?.ok_or(Error::NotFound)?;
     effects::replicate_put(call.ctx, call.raw_arg(0), record);
     mirror::track(call.db(), call.args[0], record);
@@ -184,6 +242,7 @@ fn touch(call: &Call) -> Result<(), Error> {
         req.lease_ms,
         now_ms(),
     ))?;
+    key.modified();
     let record = key.record()?.ok_or(Error::NotFound)?;
     effects::replicate_put(call.ctx, call.raw_arg(0), record);
     stats::TOUCHES.incr();
@@ -219,7 +278,7 @@ fn reply_record(reply: Reply, r: &Record) {
         reply.bulk(b"created_at");
         reply.int(r.created_at);
         reply.bulk(b"expires_at");
-        reply.int(r.expires_at);
+        reply_expiry(reply, r.expires_at);
     };
     match &r.state {
         State::InProgress { lease_until } => {

@@ -8,7 +8,7 @@ use idem_core::{codec, Error, Record};
 use redis_module::raw;
 
 use crate::boundary::Call;
-use crate::keyspace::Key;
+use crate::keyspace::{now_ms, Key};
 use crate::{mirror, Shared, TOKENS};
 
 /// Propagates `record` as the new value of `key` to replicas and the AOF.
@@ -64,7 +64,7 @@ pub fn put(call: &Call) -> Result<(), Error> {
     let record = codec::decode(blob)?;
     let mut key = Key::open(call.ctx, call.raw_arg(0));
     key.record()?; // refuse to overwrite another type
-    TOKENS.lock().observe(record.token);
+    TOKENS.lock().observe(record.token, now_ms());
     mirror::track(call.db(), call.args[0], &record);
     key.store(record);
     unsafe { raw::RedisModule_ReplicateVerbatim.expect("ReplicateVerbatim")(call.ctx) };

@@ -6,6 +6,8 @@
 
 use redis_module::{configuration::ConfigurationFlags, redis_module, Context, RedisString, Status};
 
+mod acl;
+mod blocked;
 mod boundary;
 mod commands;
 mod config;
@@ -48,7 +50,17 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.log_warning(&format!("idem: {e}"));
         return Status::Err;
     }
-    ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
+    // Commands signal a modified key themselves, and only when they change
+    // it (a replay must not abort a WATCH): keyspace::Key.
+    let options = redis_module::raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+        | redis_module::raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+    // SAFETY: plain FFI call during load, on the load context.
+    unsafe {
+        redis_module::raw::RedisModule_SetModuleOptions.expect("SetModuleOptions")(
+            ctx.get_raw(),
+            options as std::ffi::c_int,
+        )
+    };
     stats::register_info(ctx);
     match commands::register(ctx).and_then(|()| mirror::subscribe(ctx)) {
         Ok(()) => Status::Ok,

@@ -10,6 +10,8 @@ use idem_core::pending::PendingIndex;
 use idem_core::{args, engine, Error, Record};
 use redis_module::{raw, Context};
 
+use crate::acl::Caller;
+use crate::blocked::{BlockedClient, Timer};
 use crate::boundary::{bytes, guard, Call, Reply};
 use crate::keyspace::{now_ms, Key};
 use crate::{commands, config, stats, waiters, Shared, TOKENS};
@@ -17,13 +19,24 @@ use crate::{commands, config, stats, waiters, Shared, TOKENS};
 /// Pending records by database.
 static PENDING: Shared<BTreeMap<i32, PendingIndex>> = Shared::new(BTreeMap::new());
 
-/// Pullers blocked in `IDEM.MIRROR.PULL ... BLOCK`, with their database.
-static PULLERS: Shared<Vec<(BlockedClient, i32)>> = Shared::new(Vec::new());
+/// A client blocked in `IDEM.MIRROR.PULL ... BLOCK`.
+struct Puller {
+    id: u64,
+    bc: BlockedClient,
+    db: i32,
+}
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct BlockedClient(pub *mut raw::RedisModuleBlockedClient);
-// SAFETY: only touched on Redis' main thread.
-unsafe impl Send for BlockedClient {}
+struct Pullers {
+    list: Vec<Puller>,
+    next_id: u64,
+}
+
+/// Blocked pullers. Each leaves this list exactly once, and whoever takes it
+/// out unblocks it: a wake-up, its deadline timer, or its disconnect.
+static PULLERS: Shared<Pullers> = Shared::new(Pullers {
+    list: Vec::new(),
+    next_id: 1,
+});
 
 /// Brings the index in line with `record`, now stored under `key`.
 pub fn track(db: i32, key: &[u8], record: &Record) {
@@ -48,7 +61,7 @@ pub fn forget(db: i32, key: &[u8]) {
 
 /// Called for each record read by rdb_load (RDB, full sync, RESTORE).
 pub fn loaded(io: *mut raw::RedisModuleIO, record: &Record) {
-    TOKENS.lock().observe(record.token);
+    TOKENS.lock().observe(record.token, now_ms());
     if !record.mirror_pending() {
         return;
     }
@@ -104,11 +117,14 @@ fn claim<'a>(
     req: &args::Pull,
 ) -> Vec<(Vec<u8>, &'a Record)> {
     let now = now_ms();
+    let caller = Caller::of(ctx);
     let mut out = Vec::new();
     loop {
         let want = req.count - out.len();
+        // Only records the caller may read are handed out or claimed: a user
+        // limited to `~pay:*` neither sees nor hides anyone else's.
         let claimed = match PENDING.lock().get_mut(&db) {
-            Some(index) => index.claim(now, want, req.claim_ms),
+            Some(index) => index.claim_where(now, want, req.claim_ms, |k| caller.may_read(k)),
             None => Vec::new(),
         };
         if claimed.is_empty() {
@@ -161,45 +177,34 @@ fn reply_batch(reply: Reply, batch: &[(Vec<u8>, &Record)]) {
         commands::reply_headers(reply, c);
         reply.int(r.created_at);
         reply.int(c.completed_at);
-        reply.int(r.expires_at);
+        commands::reply_expiry(reply, r.expires_at);
     }
 }
 
 fn block_puller(ctx: *mut raw::RedisModuleCtx, db: i32, timeout_ms: u64) {
-    let bc = unsafe {
-        raw::RedisModule_BlockClient.expect("BlockClient")(
-            ctx,
-            Some(puller_reply),
-            Some(puller_timeout),
-            Some(free_db),
-            timeout_ms as i64,
-        )
-    };
-    unsafe {
-        raw::RedisModule_SetDisconnectCallback.expect("SetDisconnectCallback")(
-            bc,
-            Some(puller_disconnected),
-        )
-    };
-    PULLERS.lock().push((BlockedClient(bc), db));
+    let bc = BlockedClient::block(ctx, puller_reply, free_db, puller_disconnected);
+    let mut pullers = PULLERS.lock();
+    let id = pullers.next_id;
+    pullers.next_id += 1;
+    // Not stopped when the puller is woken earlier: it then finds nobody.
+    Timer::start(ctx, timeout_ms, puller_deadline, id as usize as *mut c_void);
+    pullers.list.push(Puller { id, bc, db });
 }
 
 /// Answers blocked pullers: each claims what is there when it runs.
 fn wake_pullers() {
-    let woken = std::mem::take(&mut *PULLERS.lock());
-    for (bc, db) in woken {
-        let db = Box::into_raw(Box::new(db)).cast::<c_void>();
-        unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(bc.0, db) };
+    let woken = std::mem::take(&mut PULLERS.lock().list);
+    for p in woken {
+        p.bc.unblock(Box::into_raw(Box::new(p.db)).cast::<c_void>());
     }
 }
 
-/// Forgets a blocked puller; false when it was already woken (and so
-/// already unblocked: unblocking twice would free it twice).
-fn remove_puller(bc: *mut raw::RedisModuleBlockedClient) -> bool {
+/// Takes a blocked puller out of the list; None when it already left (and
+/// so was already unblocked: unblocking twice would free it twice).
+fn take_puller(pick: impl Fn(&Puller) -> bool) -> Option<Puller> {
     let mut pullers = PULLERS.lock();
-    let before = pullers.len();
-    pullers.retain(|(b, _)| b.0 != bc);
-    pullers.len() != before
+    let pos = pullers.list.iter().position(pick)?;
+    Some(pullers.list.swap_remove(pos))
 }
 
 /// Re-parses the blocked command's arguments and answers with a claim.
@@ -241,20 +246,15 @@ extern "C" fn puller_reply(
     raw::REDISMODULE_OK as c_int
 }
 
-extern "C" fn puller_timeout(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard("pull timeout", (), || unsafe {
-        let bc = raw::RedisModule_GetBlockedClientHandle.expect("GetBlockedClientHandle")(ctx);
-        if remove_puller(bc) {
-            let db = raw::RedisModule_GetSelectedDb.expect("GetSelectedDb")(ctx);
-            answer_puller(ctx, argv, argc, db);
-            raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut());
+/// The puller's `BLOCK` ran out: it answers with whatever it can claim now
+/// (usually nothing).
+extern "C" fn puller_deadline(_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    guard("pull deadline", (), || {
+        let id = data as usize as u64;
+        if let Some(p) = take_puller(|p| p.id == id) {
+            p.bc.unblock(Box::into_raw(Box::new(p.db)).cast::<c_void>());
         }
-    });
-    raw::REDISMODULE_OK as c_int
+    })
 }
 
 extern "C" fn puller_disconnected(
@@ -262,8 +262,9 @@ extern "C" fn puller_disconnected(
     bc: *mut raw::RedisModuleBlockedClient,
 ) {
     guard("pull disconnect", (), || {
-        if remove_puller(bc) {
-            unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut()) };
+        let bc = BlockedClient::from_raw(bc);
+        if let Some(p) = take_puller(|p| p.bc == bc) {
+            p.bc.unblock(ptr::null_mut());
         }
     })
 }
@@ -280,6 +281,7 @@ pub fn ack(call: &Call) -> Result<(), Error> {
     let mut key = Key::open(call.ctx, call.raw_arg(0));
     let (matched, changed) = engine::ack(key.record()?, req.token);
     if changed {
+        key.modified();
         forget(call.db(), req.key);
         stats::MIRROR_ACKS.incr();
         unsafe { raw::RedisModule_ReplicateVerbatim.expect("ReplicateVerbatim")(call.ctx) };
@@ -314,6 +316,14 @@ pub fn subscribe(ctx: &Context) -> Result<(), String> {
                 },
                 Some(on_flush),
             ) == raw::REDISMODULE_OK as c_int
+            && raw::RedisModule_SubscribeToServerEvent.expect("SubscribeToServerEvent")(
+                ctx.get_raw(),
+                raw::RedisModuleEvent {
+                    id: raw::REDISMODULE_EVENT_SWAPDB,
+                    dataver: 1,
+                },
+                Some(on_swapdb),
+            ) == raw::REDISMODULE_OK as c_int
     };
     ok.then_some(())
         .ok_or_else(|| "cannot subscribe to keyspace events".to_string())
@@ -329,6 +339,13 @@ extern "C" fn on_keyspace_event(
         let name = bytes(key);
         let db = unsafe { raw::RedisModule_GetSelectedDb.expect("GetSelectedDb")(ctx) };
         let event = unsafe { CStr::from_ptr(event) }.to_bytes();
+        if matches!(event, b"expire" | b"persist") {
+            // The key's TTL changed: the record's `expires_at` follows it,
+            // the same way on primary, replicas and AOF replay (each applies
+            // the TTL command and gets this event).
+            follow_ttl(ctx, key);
+            return;
+        }
         // A record may arrive under a new name; other events mostly concern
         // keys idem does not track: return fast for those.
         let arrives = matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore");
@@ -349,12 +366,29 @@ extern "C" fn on_keyspace_event(
     raw::REDISMODULE_OK as c_int
 }
 
-/// Re-reads the key and brings its index entry in line.
+/// Re-reads the key and brings its index entry (and the record's expiry)
+/// in line.
 fn resync(ctx: *mut raw::RedisModuleCtx, db: i32, name: &[u8]) {
-    with_key(ctx, name, |k| match k.record() {
-        Ok(Some(record)) => track(db, name, record),
-        _ => forget(db, name),
+    with_key(ctx, name, |k| {
+        let expiry = k.expiry();
+        match k.record() {
+            Ok(Some(record)) => {
+                record.expires_at = expiry;
+                track(db, name, record)
+            }
+            _ => forget(db, name),
+        }
     });
+}
+
+/// Sets the record's `expires_at` to the key's TTL (a module value may be
+/// updated in place here: nothing is written to the keyspace or propagated).
+fn follow_ttl(ctx: *mut raw::RedisModuleCtx, key: *mut raw::RedisModuleString) {
+    let mut k = Key::open_read(ctx, key);
+    let expiry = k.expiry();
+    if let Ok(Some(record)) = k.record() {
+        record.expires_at = expiry;
+    }
 }
 
 extern "C" fn on_flush(
@@ -375,6 +409,34 @@ extern "C" fn on_flush(
             pending.remove(&db);
         }
         drop(pending);
-        waiters::flushed(ctx, db);
+        waiters::recheck_dbs(ctx, &[db]);
+    })
+}
+
+/// `SWAPDB a b`: the two datasets trade numbers, and so do their outboxes;
+/// waiters stay with their database number and look at what is there now.
+extern "C" fn on_swapdb(
+    ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    _subevent: u64,
+    data: *mut c_void,
+) {
+    guard("swapdb event", (), || {
+        if data.is_null() {
+            return;
+        }
+        // SAFETY: Redis passes a RedisModuleSwapDbInfo with this event.
+        let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
+        let (a, b) = (info.dbnum_first, info.dbnum_second);
+        let mut pending = PENDING.lock();
+        let (from_a, from_b) = (pending.remove(&a), pending.remove(&b));
+        if let Some(index) = from_a {
+            pending.insert(b, index);
+        }
+        if let Some(index) = from_b {
+            pending.insert(a, index);
+        }
+        drop(pending);
+        waiters::recheck_dbs(ctx, &[a, b]);
     })
 }

@@ -1,0 +1,170 @@
+//! Access control: what each command does to its key (key specs, so ACL
+//! key permissions such as `%R~pay:*` mean what they say), ACL categories
+//! where the server supports them for module commands (7.2+), and the
+//! per-key read check of the keyless `IDEM.MIRROR.PULL`.
+
+use std::ffi::{c_int, CString};
+use std::ptr;
+
+use redis_module::commands::{get_redis_key_spec, BeginSearch, FindKeys, KeySpec, KeySpecFlags};
+use redis_module::raw;
+
+/// What a keyed command does to its one key (argument 1).
+#[derive(Clone, Copy)]
+pub enum KeyAccess {
+    /// Reads and returns the value (`IDEM.GET`).
+    Read,
+    /// Reads, returns and writes (`IDEM.BEGIN`: a replay returns the body).
+    ReadWrite,
+    /// Writes without returning user data (COMPLETE, TOUCH, ACK).
+    Update,
+    /// Writes, possibly deleting the key (ABORT).
+    Delete,
+    /// Replaces the value whole (`IDEM._PUT`).
+    Overwrite,
+}
+
+impl KeyAccess {
+    fn flags(self) -> KeySpecFlags {
+        match self {
+            KeyAccess::Read => KeySpecFlags::READ_ONLY | KeySpecFlags::ACCESS,
+            KeyAccess::ReadWrite => {
+                KeySpecFlags::READ_WRITE | KeySpecFlags::ACCESS | KeySpecFlags::UPDATE
+            }
+            KeyAccess::Update => KeySpecFlags::READ_WRITE | KeySpecFlags::UPDATE,
+            KeyAccess::Delete => KeySpecFlags::READ_WRITE | KeySpecFlags::DELETE,
+            KeyAccess::Overwrite => KeySpecFlags::OVERWRITE | KeySpecFlags::UPDATE,
+        }
+    }
+}
+
+/// Declares the command's key spec (replacing the full-access one Redis
+/// derives from first/last/step) and, where supported, its ACL categories.
+pub fn describe(
+    ctx: *mut raw::RedisModuleCtx,
+    name: &str,
+    key: Option<KeyAccess>,
+    categories: &str,
+) -> Result<(), String> {
+    let cname = CString::new(name).map_err(|_| format!("bad command name {name}"))?;
+    // SAFETY: the command was registered by this module just before.
+    let command = unsafe { raw::RedisModule_GetCommand.expect("GetCommand")(ctx, cname.as_ptr()) };
+    if command.is_null() {
+        return Err(format!("cannot find {name}"));
+    }
+    if let Some(access) = key {
+        let version = raw::RedisModuleCommandInfoVersion {
+            version: 1,
+            sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+            sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+            sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+        };
+        // One key at argument 1; zero-terminated by get_redis_key_spec.
+        let mut specs = get_redis_key_spec(vec![KeySpec::new(
+            None,
+            access.flags(),
+            BeginSearch::new_index(1),
+            FindKeys::new_range(0, 1, 0),
+        )]);
+        let mut info = raw::RedisModuleCommandInfo {
+            version: &version,
+            summary: ptr::null(),
+            complexity: ptr::null(),
+            since: ptr::null(),
+            history: ptr::null_mut(),
+            tips: ptr::null(),
+            arity: 0,
+            key_specs: specs.as_mut_ptr(),
+            args: ptr::null_mut(),
+        };
+        // SAFETY: `info` and `specs` outlive the call; Redis copies them.
+        let status =
+            unsafe { raw::RedisModule_SetCommandInfo.expect("SetCommandInfo")(command, &mut info) };
+        if status != raw::REDISMODULE_OK as c_int {
+            return Err(format!("cannot set the key spec of {name}"));
+        }
+    }
+    // Module commands have ACL categories from Redis 7.2 on; 7.0 lacks the
+    // call (the pointer stays unset) and puts them in no category.
+    if let Some(set_categories) = unsafe { raw::RedisModule_SetCommandACLCategories } {
+        let cats = CString::new(categories).map_err(|_| "bad categories".to_string())?;
+        // SAFETY: plain FFI call on a command of this module, during load.
+        if unsafe { set_categories(command, cats.as_ptr()) } != raw::REDISMODULE_OK as c_int {
+            return Err(format!("cannot set the ACL categories of {name}"));
+        }
+    }
+    Ok(())
+}
+
+/// The ACL user behind a command's client, for per-key checks of keyless
+/// commands.
+pub struct Caller {
+    ctx: *mut raw::RedisModuleCtx,
+    who: Who,
+}
+
+enum Who {
+    /// No client user to check (replication stream, AOF).
+    Trusted,
+    User(*mut raw::RedisModuleUser),
+    /// The client's user no longer exists (ACL DELUSER meanwhile).
+    Gone,
+}
+
+impl Caller {
+    pub fn of(ctx: *mut raw::RedisModuleCtx) -> Caller {
+        let trusted =
+            (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) as c_int;
+        // SAFETY: plain FFI calls; a client context of a command or of a
+        // blocked client's reply has a client with a user.
+        let who = unsafe {
+            if raw::RedisModule_GetContextFlags.expect("GetContextFlags")(ctx) & trusted != 0 {
+                Who::Trusted
+            } else {
+                let name = raw::RedisModule_GetCurrentUserName.expect("GetCurrentUserName")(ctx);
+                let user = raw::RedisModule_GetModuleUserFromUserName
+                    .expect("GetModuleUserFromUserName")(name);
+                raw::RedisModule_FreeString.expect("FreeString")(ctx, name);
+                if user.is_null() {
+                    Who::Gone
+                } else {
+                    Who::User(user)
+                }
+            }
+        };
+        Caller { ctx, who }
+    }
+
+    /// May this caller read the value under `key`?
+    pub fn may_read(&self, key: &[u8]) -> bool {
+        let user = match self.who {
+            Who::Trusted => return true,
+            Who::Gone => return false,
+            Who::User(user) => user,
+        };
+        // SAFETY: plain FFI calls; the string lives for the check only.
+        unsafe {
+            let name = raw::RedisModule_CreateString.expect("CreateString")(
+                self.ctx,
+                key.as_ptr().cast(),
+                key.len(),
+            );
+            let ok = raw::RedisModule_ACLCheckKeyPermissions.expect("ACLCheckKeyPermissions")(
+                user,
+                name,
+                raw::REDISMODULE_CMD_KEY_ACCESS as c_int,
+            ) == raw::REDISMODULE_OK as c_int;
+            raw::RedisModule_FreeString.expect("FreeString")(self.ctx, name);
+            ok
+        }
+    }
+}
+
+impl Drop for Caller {
+    fn drop(&mut self) {
+        if let Who::User(user) = self.who {
+            // SAFETY: obtained from GetModuleUserFromUserName, freed once.
+            unsafe { raw::RedisModule_FreeModuleUser.expect("FreeModuleUser")(user) };
+        }
+    }
+}
