@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use idem_testkit::{RedisConfig, RedisServer};
+use idem_testkit::RedisConfig;
 use redis::{Connection, Value};
 
 fn used_memory(c: &mut Connection) -> u64 {
