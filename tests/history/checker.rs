@@ -174,7 +174,7 @@ fn check_key<'a>(
     // Two holders within one lease.
     for pair in key_grants.windows(2) {
         let (a, b) = (&pair[0], &pair[1]);
-        let alive_until = lease_alive_until(a, evs);
+        let alive_until = lease_alive_until(a, evs, b.ev);
         let released = evs.iter().any(|e| {
             e.client == a.ev.client
                 && e.invoke <= b.ev.reply_at
@@ -188,18 +188,37 @@ fn check_key<'a>(
     grants.extend(key_grants);
 }
 
-/// The time until which the holder's lease was certainly alive: the lease
-/// counts from no earlier than the BEGIN's invocation, and an acknowledged
-/// TOUCH from no earlier than its own.
-fn lease_alive_until(g: &Grant, evs: &[&Event]) -> f64 {
-    let touched = evs
+/// The time until which the holder's lease was certainly alive when the
+/// grant `b` was decided. The lease ends where the BEGIN or the last applied
+/// TOUCH set it (a TOUCH sets `now + lease-ms`, which may shorten it), each
+/// counted from no earlier than its invocation. The last TOUCH certainly
+/// applied before `b` (acknowledged before `b` was sent) and every later one
+/// that may have been applied are candidates; the bound is the least.
+fn lease_alive_until(g: &Grant, evs: &[&Event], b: &Event) -> f64 {
+    let touches: Vec<(&Event, u64)> = evs
         .iter()
-        .filter(|e| matches!(e.reply, Reply::Int(n) if n > 0))
+        .filter(|e| e.invoke <= b.reply_at)
+        .filter(|e| matches!(e.reply, Reply::Int(n) if n > 0) || e.reply == Reply::Unknown)
         .filter_map(|e| match e.op {
-            Op::Touch { token, lease_ms } if token == g.token => Some(e.invoke + lease_ms as f64),
+            Op::Touch { token, lease_ms } if token == g.token => Some((*e, lease_ms)),
             _ => None,
-        });
-    touched.fold(g.ev.invoke + g.lease_ms as f64, f64::max)
+        })
+        .collect();
+    let certain = touches
+        .iter()
+        .filter(|(e, _)| e.reply != Reply::Unknown && e.reply_at < b.invoke)
+        .map(|(e, _)| e.invoke)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let from_begin = if certain.is_finite() {
+        f64::INFINITY
+    } else {
+        g.ev.invoke + g.lease_ms as f64
+    };
+    touches
+        .iter()
+        .filter(|(e, _)| e.invoke >= certain)
+        .map(|(e, ms)| e.invoke + *ms as f64)
+        .fold(from_begin, f64::min)
 }
 
 /// Tokens only grow on a node: a grant invoked after another's reply has a
