@@ -1,7 +1,9 @@
 //! Test harness shared by every crate's integration tests: a `redis-server`
 //! with the idem module loaded on a free port (killed on drop), and throwaway
-//! Postgres databases (dropped on drop). Never touches port 6379.
+//! Postgres databases (dropped on drop), and Redis Cluster / Sentinel set-ups
+//! (`cluster`). Never touches port 6379.
 
+pub mod cluster;
 pub mod postgres_server;
 
 use std::net::TcpListener;
@@ -25,6 +27,14 @@ pub fn module_path() -> PathBuf {
         .filter(|p| p.exists())
         .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
         .expect("libidem.so not built: run `cargo build --release` (or set IDEM_MODULE)")
+}
+
+/// The server binary: `$IDEM_REDIS_SERVER` (another Redis or Valkey build,
+/// see scripts/compat.sh), else `redis-server` from the PATH.
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("IDEM_REDIS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("redis-server"))
 }
 
 pub fn workspace_root() -> PathBuf {
@@ -120,7 +130,7 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "server already running");
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_binary());
         cmd.arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
