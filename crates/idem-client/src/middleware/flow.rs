@@ -16,13 +16,14 @@ use redis::aio::ConnectionLike;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use tower::{Service, ServiceExt};
 
+use super::begin::begin;
 use super::body::{collect_limited, BoxError, Collected, IdemBody};
+use super::config::Config;
 use super::key::redis_key;
-use super::layer::Config;
 use super::problem::{replay_response, Problem};
 use super::store::Held;
 use crate::fence::FenceReport;
-use crate::{BeginOptions, Claim, Fence, Fingerprint, IdemError, Outcome};
+use crate::{Claim, Fence, Fingerprint, IdemError, Outcome};
 
 /// `Retry-After` of a 409 the fence answers (another transaction holds the key).
 const FENCE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -86,34 +87,6 @@ where
         Err(err) => {
             tracing::error!(error = %err, "IDEM.BEGIN failed");
             Ok(Problem::Internal.into_response())
-        }
-    }
-}
-
-pub(crate) async fn begin<C>(
-    config: &Config<C>,
-    key: &str,
-    fingerprint: &Fingerprint,
-) -> Result<Outcome, IdemError>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let options = BeginOptions {
-        ttl: config.ttl,
-        lease: Some(config.lease),
-        wait: config.wait,
-    };
-    match &config.read_through {
-        Some(read_through) => {
-            read_through
-                .begin(&config.client, key, fingerprint.as_bytes(), options)
-                .await
-        }
-        None => {
-            config
-                .client
-                .begin(key, fingerprint.as_bytes(), options)
-                .await
         }
     }
 }
