@@ -120,7 +120,7 @@ async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<
         let pulled_at = Instant::now();
         ctx.node.up.store(true, Ordering::Relaxed);
         backoff.reset();
-        match parse_pull_reply(reply) {
+        match parse_pull_reply(&reply) {
             Ok((records, rejected)) => {
                 ctx.report_rejected(rejected);
                 if !records.is_empty() {
