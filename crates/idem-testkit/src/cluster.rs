@@ -47,10 +47,13 @@ impl RedisCluster {
         cluster
     }
 
+    /// A cluster node; its bus port is a free port of its own (the default,
+    /// port + 10000, does not exist for ports above 55535).
     fn new_node(&self) -> RedisServer {
         RedisConfig::default()
             .server_arg("cluster-enabled", "yes")
             .server_arg("cluster-node-timeout", &self.node_timeout_ms.to_string())
+            .server_arg("cluster-port", &free_port().to_string())
             .start()
     }
 
@@ -192,11 +195,17 @@ impl RedisCluster {
         let port = node.port;
         self.nodes.push(node);
         let i = self.nodes.len() - 1;
+        let (_, bus_port): (String, u16) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("cluster-port")
+            .query(&mut self.conn(i))
+            .expect("CONFIG GET cluster-port");
         let first = self.live()[0];
         let _: () = redis::cmd("CLUSTER")
             .arg("MEET")
             .arg("127.0.0.1")
             .arg(port)
+            .arg(bus_port)
             .query(&mut self.conn(first))
             .expect("CLUSTER MEET");
         let id = self.node_id(i);
