@@ -263,10 +263,22 @@ impl RedisCluster {
                 .expect("MIGRATE");
         }
         setslot(&mut dst, "NODE", &to_id);
-        setslot(&mut src, "NODE", &to_id);
+        // A primary that just gave away its last slot may already have
+        // turned into a replica of the receiver (replica migration).
         for i in self.live() {
-            if i != from && i != to {
-                setslot(&mut self.conn(i), "NODE", &to_id);
+            if i != to {
+                let result: redis::RedisResult<()> = redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg("NODE")
+                    .arg(&to_id)
+                    .query(&mut self.conn(i));
+                if let Err(e) = result {
+                    assert!(
+                        self.role(i) == "slave",
+                        "CLUSTER SETSLOT {slot} NODE on node {i}: {e}"
+                    );
+                }
             }
         }
     }
