@@ -15,17 +15,17 @@
 //! asserts that nothing is propagated during a pause).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::ptr;
 
 use idem_core::engine::{self, Begin};
-use idem_core::{args, Completed, Error, State};
+use idem_core::{args, wire, Completed, Error, State};
 use redis_module::raw;
 
-use crate::blocked::{writes_paused, BlockedClient, Timer};
-use crate::boundary::{guard, Call, Reply};
-use crate::commands::{reply_in_flight, reply_mismatch, reply_new, reply_replay};
-use crate::keyspace::{now_ms, Key};
+use crate::ffi::blocked::{private_data, BlockedClient, Timer};
+use crate::ffi::call::{guard, Call};
+use crate::ffi::ctx::{now_ms, writes_paused, Ctx, Name};
+use crate::ffi::key::Key;
 use crate::{effects, stats, Shared, TOKENS};
 
 /// How often a lease timer that found clients paused looks again.
@@ -85,16 +85,11 @@ pub fn count() -> usize {
 /// caller answers `in_flight` at once) where blocking is not allowed: inside
 /// MULTI, Lua, or a context that denies blocking.
 pub fn wait(call: &Call, req: &args::Begin, lease_until: u64) -> bool {
-    let denied = (raw::REDISMODULE_CTX_FLAGS_MULTI
-        | raw::REDISMODULE_CTX_FLAGS_LUA
-        | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING
-        | raw::REDISMODULE_CTX_FLAGS_REPLICATED
-        | raw::REDISMODULE_CTX_FLAGS_LOADING) as c_int;
-    let Some(wait_ms) = req.wait_ms.filter(|_| call.flags() & denied == 0) else {
+    let Some(wait_ms) = req.wait_ms.filter(|_| call.ctx.may_wait()) else {
         return false;
     };
     let bc = BlockedClient::block(call.ctx, on_reply, free_answer, on_disconnect);
-    let key_id = (call.db(), req.key.to_vec());
+    let key_id = (call.ctx.db(), req.key.to_vec());
     let mut all = WAITERS.lock();
     let id = all.next_id;
     all.next_id += 1;
@@ -114,7 +109,7 @@ pub fn wait(call: &Call, req: &args::Begin, lease_until: u64) -> bool {
 }
 
 /// Makes sure a timer re-checks the key no later than `at`.
-fn arm_timer(ctx: *mut raw::RedisModuleCtx, entry: &mut KeyWaiters, id: &KeyId, at: u64) {
+fn arm_timer(ctx: Ctx, entry: &mut KeyWaiters, id: &KeyId, at: u64) {
     if let Some((timer, fires_at)) = entry.timer {
         if fires_at <= at {
             return;
@@ -126,7 +121,7 @@ fn arm_timer(ctx: *mut raw::RedisModuleCtx, entry: &mut KeyWaiters, id: &KeyId, 
     entry.timer = Some((Timer::start(ctx, delay, on_timer, data), now_ms() + delay));
 }
 
-fn stop_timer(ctx: *mut raw::RedisModuleCtx, timer: Timer) {
+fn stop_timer(ctx: Ctx, timer: Timer) {
     if let Some(data) = timer.stop(ctx).filter(|d| !d.is_null()) {
         // SAFETY: lease timers carry a boxed KeyId, and a stopped timer
         // hands its data back exactly once.
@@ -135,9 +130,10 @@ fn stop_timer(ctx: *mut raw::RedisModuleCtx, timer: Timer) {
 }
 
 extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    let ctx = Ctx::from_raw(ctx);
     guard("wait timer", (), || {
         // SAFETY: lease timers carry a boxed KeyId; a fired timer's data is
-        // ours to free.
+        // ours to free, once.
         let id = *unsafe { Box::from_raw(data.cast::<KeyId>()) };
         {
             let mut all = WAITERS.lock();
@@ -150,25 +146,26 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
                 return;
             }
         }
-        unsafe { raw::RedisModule_SelectDb.expect("SelectDb")(ctx, id.0) };
+        ctx.select_db(id.0);
         settle(ctx, id.0, &id.1);
     })
 }
 
 /// A waiter's `WAIT` ran out: it gets `in_flight`, unless it was answered.
 extern "C" fn on_deadline(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    let ctx = Ctx::from_raw(ctx);
     guard("wait deadline", (), || {
         let id = data as usize as u64;
         let Some((waiter, (db, key))) = take(|all| all.owner.get(&id).cloned(), |w| w.id == id)
         else {
             return; // answered, or disconnected, already
         };
-        unsafe { raw::RedisModule_SelectDb.expect("SelectDb")(ctx, db) };
-        let retry_after =
-            with_key_name(ctx, &key, |name| match Key::open_read(ctx, name).record() {
-                Ok(Some(r)) => lease_end(&r.state).saturating_sub(now_ms()),
-                _ => 0,
-            });
+        ctx.select_db(db);
+        let name = ctx.string(&key);
+        let retry_after = match Key::open_read(ctx, name.name()).record() {
+            Ok(Some(r)) => lease_end(&r.state).saturating_sub(now_ms()),
+            _ => 0,
+        };
         stats::IN_FLIGHT.incr();
         stats::WAITS_TIMEOUT.incr();
         answer(waiter.bc, Answer::InFlight(retry_after.max(1)));
@@ -197,26 +194,9 @@ fn take(
     Some((waiter, key_id))
 }
 
-fn with_key_name<T>(
-    ctx: *mut raw::RedisModuleCtx,
-    key: &[u8],
-    f: impl FnOnce(*mut raw::RedisModuleString) -> T,
-) -> T {
-    let name = unsafe {
-        raw::RedisModule_CreateString.expect("CreateString")(
-            ctx,
-            key.as_ptr().cast::<c_char>(),
-            key.len(),
-        )
-    };
-    let out = f(name);
-    unsafe { raw::RedisModule_FreeString.expect("FreeString")(ctx, name) };
-    out
-}
-
 /// The key was deleted, expired, renamed or restored: settle from a timer,
 /// since keyspace callbacks must not write.
-pub fn key_gone(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
+pub fn key_gone(ctx: Ctx, db: i32, key: &[u8]) {
     let id = (db, key.to_vec());
     if let Some(entry) = WAITERS.lock().keys.get_mut(&id) {
         arm_timer(ctx, entry, &id, 0);
@@ -225,7 +205,7 @@ pub fn key_gone(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
 
 /// The contents of databases changed wholesale (FLUSHDB/FLUSHALL: `db < 0`
 /// for all; SWAPDB): every waiter there looks at its key again, soon.
-pub fn recheck_dbs(ctx: *mut raw::RedisModuleCtx, dbs: &[i32]) {
+pub fn recheck_dbs(ctx: Ctx, dbs: &[i32]) {
     let mut all = WAITERS.lock();
     for (id, entry) in all
         .keys
@@ -237,12 +217,12 @@ pub fn recheck_dbs(ctx: *mut raw::RedisModuleCtx, dbs: &[i32]) {
 }
 
 /// Answers the waiters of `key` as far as its record allows (see module docs).
-pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
+pub fn settle(ctx: Ctx, db: i32, key: &[u8]) {
     if !has(db, key) {
         return;
     }
     let id = (db, key.to_vec());
-    with_key_name(ctx, key, |name| settle_named(ctx, &id, name));
+    settle_named(ctx, &id, ctx.string(key).name());
     let mut all = WAITERS.lock();
     if all.keys.get(&id).is_some_and(|e| e.queue.is_empty()) {
         if let Some((timer, _)) = all.keys.remove(&id).and_then(|e| e.timer) {
@@ -251,7 +231,7 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
     }
 }
 
-fn settle_named(ctx: *mut raw::RedisModuleCtx, id: &KeyId, name: *mut raw::RedisModuleString) {
+fn settle_named(ctx: Ctx, id: &KeyId, name: Name) {
     let key = &id.1[..];
     loop {
         let Some(waiter) = WAITERS
@@ -331,7 +311,7 @@ fn settle_named(ctx: *mut raw::RedisModuleCtx, id: &KeyId, name: *mut raw::Redis
 
 /// Answers a waiter taken off its queue: it leaves the registry, its
 /// deadline timer stops.
-fn finish(ctx: *mut raw::RedisModuleCtx, waiter: Waiter, reply: Answer) {
+fn finish(ctx: Ctx, waiter: Waiter, reply: Answer) {
     WAITERS.lock().owner.remove(&waiter.id);
     waiter.deadline.stop(ctx);
     answer(waiter.bc, reply);
@@ -358,18 +338,22 @@ extern "C" fn on_reply(
     _argc: c_int,
 ) -> c_int {
     guard("wait reply", (), || {
-        let data = unsafe {
-            raw::RedisModule_GetBlockedClientPrivateData.expect("GetBlockedClientPrivateData")(ctx)
-        };
-        let Some(answer) = (unsafe { data.cast::<Answer>().as_ref() }) else {
+        let ctx = Ctx::from_raw(ctx);
+        let data = private_data(ctx).cast::<Answer>();
+        // SAFETY: waiters are unblocked with a boxed Answer, freed by
+        // `free_answer` after this callback.
+        let Some(answer) = (unsafe { data.as_ref() }) else {
             return;
         };
-        let reply = Reply(ctx);
+        let mut reply = ctx.reply();
         match answer {
-            Answer::New(token) => reply_new(reply, *token),
-            Answer::Replay(c) => reply_replay(reply, c),
-            Answer::Mismatch => reply_mismatch(reply),
-            Answer::InFlight(retry_after_ms) => reply_in_flight(reply, *retry_after_ms),
+            Answer::New(token) => wire::Begin::New { token: *token }.write(&mut reply),
+            Answer::Replay(c) => wire::Begin::Replay(c).write(&mut reply),
+            Answer::Mismatch => wire::Begin::Mismatch.write(&mut reply),
+            Answer::InFlight(ms) => wire::Begin::InFlight {
+                retry_after_ms: *ms,
+            }
+            .write(&mut reply),
             Answer::Error(e) => reply.error(e),
         }
     });
@@ -377,6 +361,7 @@ extern "C" fn on_reply(
 }
 
 extern "C" fn on_disconnect(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisModuleBlockedClient) {
+    let ctx = Ctx::from_raw(ctx);
     guard("wait disconnect", (), || {
         let bc = BlockedClient::from_raw(bc);
         // Not in the registry: already answered, and so already unblocked.
@@ -389,6 +374,7 @@ extern "C" fn on_disconnect(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisMo
 
 extern "C" fn free_answer(_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
     if !data.is_null() {
+        // SAFETY: the Box<Answer> a waiter was unblocked with, freed once.
         drop(unsafe { Box::from_raw(data.cast::<Answer>()) });
     }
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use idem_testkit::{free_port, module_path, scratch_dir, RedisConfig, RedisServer};
+use idem_testkit::{free_port, module_path, scratch_dir, server_binary, RedisConfig, RedisServer};
 use redis::Connection;
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -221,7 +221,7 @@ fn get_rec_after_begin(c: &mut Connection) -> Rec {
 fn loads_with(args: &[&str]) -> bool {
     let dir = scratch_dir("cfg");
     let port = free_port();
-    let mut child = Command::new("redis-server")
+    let mut child = Command::new(server_binary())
         .args([
             "--port",
             &port.to_string(),

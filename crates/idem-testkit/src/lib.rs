@@ -29,6 +29,14 @@ pub fn module_path() -> PathBuf {
         .expect("libidem.so not built: run `cargo build --release` (or set IDEM_MODULE)")
 }
 
+/// The server binary: `$IDEM_REDIS_SERVER` (another Redis or Valkey build,
+/// see scripts/compat.sh), else `redis-server` from the PATH.
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("IDEM_REDIS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
@@ -122,7 +130,7 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "server already running");
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(server_binary());
         cmd.arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])

@@ -18,6 +18,9 @@ use std::ptr;
 
 use redis_module::raw;
 
+use super::api;
+use super::ctx::Ctx;
+
 /// A client blocked by idem, until `unblock` is called once.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct BlockedClient(*mut raw::RedisModuleBlockedClient);
@@ -36,30 +39,18 @@ impl BlockedClient {
     /// docs). `reply` answers it with the data passed to `unblock`, `free`
     /// frees that data, `disconnect` runs if the client goes away first.
     pub fn block(
-        ctx: *mut raw::RedisModuleCtx,
+        ctx: Ctx,
         reply: ReplyCallback,
         free: FreeCallback,
         disconnect: DisconnectCallback,
     ) -> BlockedClient {
         // SAFETY: `ctx` is the calling command's context; callers checked
         // that blocking is allowed (not MULTI, Lua or DENY_BLOCKING).
-        let bc = unsafe {
-            raw::RedisModule_BlockClient.expect("BlockClient")(
-                ctx,
-                Some(reply),
-                None,
-                Some(free),
-                0,
-            )
-        };
+        let bc =
+            unsafe { api!(RedisModule_BlockClient)(ctx.raw(), Some(reply), None, Some(free), 0) };
         // SAFETY: `bc` was just returned by BlockClient and is not yet
         // unblocked.
-        unsafe {
-            raw::RedisModule_SetDisconnectCallback.expect("SetDisconnectCallback")(
-                bc,
-                Some(disconnect),
-            )
-        };
+        unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(disconnect)) };
         BlockedClient(bc)
     }
 
@@ -74,8 +65,14 @@ impl BlockedClient {
     pub fn unblock(self, data: *mut c_void) {
         // SAFETY: every caller removed `self` from the registry that owns it
         // first, so this handle is unblocked exactly once.
-        unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(self.0, data) };
+        unsafe { api!(RedisModule_UnblockClient)(self.0, data) };
     }
+}
+
+/// The data a blocked client was unblocked with, in its reply callback.
+pub fn private_data(ctx: Ctx) -> *mut c_void {
+    // SAFETY: a live reply-callback context.
+    unsafe { api!(RedisModule_GetBlockedClientPrivateData)(ctx.raw()) }
 }
 
 /// A module timer.
@@ -84,34 +81,19 @@ pub struct Timer(raw::RedisModuleTimerID);
 
 impl Timer {
     /// Calls `callback(ctx, data)` on the main thread after `delay_ms`.
-    pub fn start(
-        ctx: *mut raw::RedisModuleCtx,
-        delay_ms: u64,
-        callback: TimerCallback,
-        data: *mut c_void,
-    ) -> Timer {
+    pub fn start(ctx: Ctx, delay_ms: u64, callback: TimerCallback, data: *mut c_void) -> Timer {
         let delay = delay_ms.min(i64::MAX as u64) as i64;
         // SAFETY: plain FFI call; `data` is owned by the timer until it fires
         // or is stopped.
-        Timer(unsafe {
-            raw::RedisModule_CreateTimer.expect("CreateTimer")(ctx, delay, Some(callback), data)
-        })
+        Timer(unsafe { api!(RedisModule_CreateTimer)(ctx.raw(), delay, Some(callback), data) })
     }
 
     /// Stops the timer; returns its data if it had not fired yet.
-    pub fn stop(self, ctx: *mut raw::RedisModuleCtx) -> Option<*mut c_void> {
+    pub fn stop(self, ctx: Ctx) -> Option<*mut c_void> {
         let mut data: *mut c_void = ptr::null_mut();
-        // SAFETY: plain FFI call; an unknown or fired id answers ERR.
-        let stopped =
-            unsafe { raw::RedisModule_StopTimer.expect("StopTimer")(ctx, self.0, &mut data) };
+        // SAFETY: a live context of this module; an unknown or fired id
+        // answers ERR.
+        let stopped = unsafe { api!(RedisModule_StopTimer)(ctx.raw(), self.0, &mut data) };
         (stopped == raw::REDISMODULE_OK as c_int).then_some(data)
     }
-}
-
-/// True while clients are paused (`CLIENT PAUSE WRITE|ALL`, failover): code
-/// running outside a command must then not write, since Redis asserts that
-/// nothing is propagated during a pause.
-pub fn writes_paused() -> bool {
-    // SAFETY: plain FFI call without arguments.
-    unsafe { raw::RedisModule_AvoidReplicaTraffic.expect("AvoidReplicaTraffic")() != 0 }
 }

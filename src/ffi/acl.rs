@@ -9,6 +9,9 @@ use std::ptr;
 use redis_module::commands::{get_redis_key_spec, BeginSearch, FindKeys, KeySpec, KeySpecFlags};
 use redis_module::raw;
 
+use super::api;
+use super::ctx::Ctx;
+
 /// What a keyed command does to its one key (argument 1).
 #[derive(Clone, Copy)]
 pub enum KeyAccess {
@@ -41,14 +44,14 @@ impl KeyAccess {
 /// Declares the command's key spec (replacing the full-access one Redis
 /// derives from first/last/step) and, where supported, its ACL categories.
 pub fn describe(
-    ctx: *mut raw::RedisModuleCtx,
+    ctx: Ctx,
     name: &str,
     key: Option<KeyAccess>,
     categories: &str,
 ) -> Result<(), String> {
     let cname = CString::new(name).map_err(|_| format!("bad command name {name}"))?;
     // SAFETY: the command was registered by this module just before.
-    let command = unsafe { raw::RedisModule_GetCommand.expect("GetCommand")(ctx, cname.as_ptr()) };
+    let command = unsafe { api!(RedisModule_GetCommand)(ctx.raw(), cname.as_ptr()) };
     if command.is_null() {
         return Err(format!("cannot find {name}"));
     }
@@ -78,14 +81,14 @@ pub fn describe(
             args: ptr::null_mut(),
         };
         // SAFETY: `info` and `specs` outlive the call; Redis copies them.
-        let status =
-            unsafe { raw::RedisModule_SetCommandInfo.expect("SetCommandInfo")(command, &mut info) };
+        let status = unsafe { api!(RedisModule_SetCommandInfo)(command, &mut info) };
         if status != raw::REDISMODULE_OK as c_int {
             return Err(format!("cannot set the key spec of {name}"));
         }
     }
     // Module commands have ACL categories from Redis 7.2 on; 7.0 lacks the
     // call (the pointer stays unset) and puts them in no category.
+    // SAFETY: reading a function pointer RedisModule_Init filled (or not).
     if let Some(set_categories) = unsafe { raw::RedisModule_SetCommandACLCategories } {
         let cats = CString::new(categories).map_err(|_| "bad categories".to_string())?;
         // SAFETY: plain FFI call on a command of this module, during load.
@@ -99,7 +102,7 @@ pub fn describe(
 /// The ACL user behind a command's client, for per-key checks of keyless
 /// commands.
 pub struct Caller {
-    ctx: *mut raw::RedisModuleCtx,
+    ctx: Ctx,
     who: Who,
 }
 
@@ -112,19 +115,16 @@ enum Who {
 }
 
 impl Caller {
-    pub fn of(ctx: *mut raw::RedisModuleCtx) -> Caller {
-        let trusted =
-            (raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING) as c_int;
-        // SAFETY: plain FFI calls; a client context of a command or of a
-        // blocked client's reply has a client with a user.
+    pub fn of(ctx: Ctx) -> Caller {
+        // SAFETY: a command's (or a blocked client's reply) context has a
+        // client with a user, unless it replays replication or the AOF.
         let who = unsafe {
-            if raw::RedisModule_GetContextFlags.expect("GetContextFlags")(ctx) & trusted != 0 {
+            if ctx.is_replicated() {
                 Who::Trusted
             } else {
-                let name = raw::RedisModule_GetCurrentUserName.expect("GetCurrentUserName")(ctx);
-                let user = raw::RedisModule_GetModuleUserFromUserName
-                    .expect("GetModuleUserFromUserName")(name);
-                raw::RedisModule_FreeString.expect("FreeString")(ctx, name);
+                let name = api!(RedisModule_GetCurrentUserName)(ctx.raw());
+                let user = api!(RedisModule_GetModuleUserFromUserName)(name);
+                api!(RedisModule_FreeString)(ctx.raw(), name);
                 if user.is_null() {
                     Who::Gone
                 } else {
@@ -142,20 +142,15 @@ impl Caller {
             Who::Gone => return false,
             Who::User(user) => user,
         };
-        // SAFETY: plain FFI calls; the string lives for the check only.
+        let name = self.ctx.string(key);
+        // SAFETY: a user from GetModuleUserFromUserName (freed on drop) and a
+        // string alive for the call.
         unsafe {
-            let name = raw::RedisModule_CreateString.expect("CreateString")(
-                self.ctx,
-                key.as_ptr().cast(),
-                key.len(),
-            );
-            let ok = raw::RedisModule_ACLCheckKeyPermissions.expect("ACLCheckKeyPermissions")(
+            api!(RedisModule_ACLCheckKeyPermissions)(
                 user,
-                name,
+                name.name().0,
                 raw::REDISMODULE_CMD_KEY_ACCESS as c_int,
-            ) == raw::REDISMODULE_OK as c_int;
-            raw::RedisModule_FreeString.expect("FreeString")(self.ctx, name);
-            ok
+            ) == raw::REDISMODULE_OK as c_int
         }
     }
 }
@@ -164,7 +159,7 @@ impl Drop for Caller {
     fn drop(&mut self) {
         if let Who::User(user) = self.who {
             // SAFETY: obtained from GetModuleUserFromUserName, freed once.
-            unsafe { raw::RedisModule_FreeModuleUser.expect("FreeModuleUser")(user) };
+            unsafe { api!(RedisModule_FreeModuleUser)(user) };
         }
     }
 }

@@ -1,0 +1,155 @@
+//! Property fuzzing of the record decoder (`idem_core::codec`), the code that
+//! reads RDB files, RESTORE payloads and the replication stream: records
+//! round-trip, and mutated, truncated, extended or random bytes decode to an
+//! error or to a record whose own encoding is what was read, never a panic
+//! or a runaway allocation.
+
+use idem_core::codec::{decode, encode, FORMAT_V1};
+use idem_core::{Completed, Header, MirrorState, Record, State};
+use proptest::prelude::*;
+
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Times as the module accepts them: Unix ms up to `TIME_LIMIT_MS` (2255).
+fn time() -> impl Strategy<Value = u64> {
+    0u64..=idem_core::record::TIME_LIMIT_MS
+}
+
+/// Records as the module creates them (tokens below 2^53).
+fn record() -> impl Strategy<Value = Record> {
+    let header = (
+        proptest::collection::vec(any::<u8>(), 1..16),
+        proptest::collection::vec(any::<u8>(), 0..16),
+    )
+        .prop_map(|(name, value)| Header { name, value });
+    let completed = (
+        100u16..600,
+        proptest::collection::vec(any::<u8>(), 0..256),
+        proptest::collection::vec(header, 0..5),
+        time(),
+        any::<bool>(),
+    )
+        .prop_map(|(status, body, headers, completed_at, pending)| {
+            State::Completed(Completed {
+                status,
+                body,
+                headers,
+                completed_at,
+                mirror: if pending {
+                    MirrorState::Pending
+                } else {
+                    MirrorState::Mirrored
+                },
+            })
+        });
+    let state = prop_oneof![
+        time().prop_map(|lease_until| State::InProgress { lease_until }),
+        completed,
+    ];
+    (any::<[u8; 32]>(), 1u64..1 << 53, time(), time(), state).prop_map(
+        |(fingerprint, token, created_at, expires_at, state)| Record {
+            fingerprint,
+            token,
+            created_at,
+            expires_at,
+            state,
+        },
+    )
+}
+
+/// What the decoder may do with any input: refuse it as CORRUPT, or return a
+/// record that re-encodes to exactly the input (trailing bytes are refused),
+/// so nothing invented survives a decode/encode cycle.
+fn decode_is_sound(bytes: &[u8]) -> Result<(), TestCaseError> {
+    match decode(bytes) {
+        Err(e) => prop_assert_eq!(e.code().as_str(), "CORRUPT"),
+        Ok(r) => {
+            let again = encode(&r);
+            prop_assert!(bytes == &again[..], "decoded {:?} from other bytes", r);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config(20_000))]
+
+    #[test]
+    fn records_round_trip(r in record()) {
+        prop_assert_eq!(decode(&encode(&r)).unwrap(), r);
+    }
+
+    #[test]
+    fn mutated_encodings_never_panic(
+        r in record(),
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+    ) {
+        let mut bytes = encode(&r);
+        for (at, b) in flips {
+            let i = at.index(bytes.len());
+            bytes[i] = b;
+        }
+        decode_is_sound(&bytes)?;
+    }
+
+    #[test]
+    fn truncated_or_extended_encodings_never_panic(
+        r in record(),
+        cut in any::<prop::sample::Index>(),
+        tail in proptest::collection::vec(any::<u8>(), 0..16),
+    ) {
+        let bytes = encode(&r);
+        let short = &bytes[..cut.index(bytes.len())];
+        prop_assert!(decode(short).is_err(), "a strict prefix decoded");
+        let mut long = bytes.clone();
+        long.extend(&tail);
+        decode_is_sound(&long)?;
+    }
+
+    #[test]
+    fn random_bytes_never_panic(mut bytes in proptest::collection::vec(any::<u8>(), 0..160), v1 in any::<bool>()) {
+        if v1 && !bytes.is_empty() {
+            bytes[0] = FORMAT_V1;
+        }
+        decode_is_sound(&bytes)?;
+    }
+}
+
+/// Length prefixes claiming up to 2^64-1 bytes of body or headers must be an
+/// error, not an attempt to allocate that much.
+#[test]
+fn huge_length_prefixes_are_refused_without_allocating() {
+    let r = Record {
+        fingerprint: [1; 32],
+        token: 5,
+        created_at: 1,
+        expires_at: 2,
+        state: State::Completed(Completed {
+            status: 200,
+            body: b"body".to_vec(),
+            headers: vec![Header {
+                name: b"n".to_vec(),
+                value: b"v".to_vec(),
+            }],
+            completed_at: 3,
+            mirror: MirrorState::Pending,
+        }),
+    };
+    let bytes = encode(&r);
+    // format + fingerprint + token + created + expires + variant + status
+    let body_len_at = 1 + 32 + 8 * 3 + 4 + 2;
+    let headers_len_at = body_len_at + 8 + 4;
+    for at in [body_len_at, headers_len_at] {
+        for len in [u64::MAX, 1 << 62, 1 << 40, 1 << 31] {
+            let mut b = bytes.clone();
+            b[at..at + 8].copy_from_slice(&len.to_le_bytes());
+            assert!(decode(&b).is_err(), "length {len} at {at} decoded");
+        }
+    }
+}
