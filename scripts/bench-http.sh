@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # HTTP benchmark of the payments example: the same handler without the
-# idempotency layer, with it (read-through off), with it and read-through on,
-# and replays, in one run, every request with a fresh key. Prints throughput
-# ratios and the added p50/p99 latency.
+# idempotency layer, with it (read-through off), with it and the Postgres
+# fence, both again with read-through on, and replays, in one run, every
+# request with a fresh key. Prints throughput ratios (the fence against the
+# same layer without it, too) and the added p50/p99 latency.
 #
 # Uses $DATABASE_URL, else the local Postgres on 127.0.0.1:5432, else a
 # throwaway one; the bench creates and drops its own database and starts its
@@ -19,5 +20,5 @@ ensure_database_url 54328
 cargo build --release -q -p idem
 cargo build --release -q -p idem-example-payments --example http_bench
 export IDEM_MODULE=$PWD/target/release/libidem.so
-echo "== HTTP middleware (issue 4) =="
+echo "== HTTP middleware (issue 4) and the Postgres fence (issue 9) =="
 target/release/examples/http_bench

@@ -22,8 +22,8 @@ pub const RANGES: &[(&str, i64, i64)] = &[
     ("mirror-claim-ms", 1, MAX_MS),
 ];
 
-/// Upper bound of `max-body-bytes`: Redis' own 512 MiB string limit.
-pub const MAX_BODY_LIMIT: i64 = 512 * 1024 * 1024;
+/// Upper bound of `max-body-bytes`: what a record may hold at all.
+pub const MAX_BODY_LIMIT: i64 = idem_core::record::RESPONSE_LIMIT as i64;
 
 /// Checks the module's load arguments: `name value` pairs of known configs
 /// with in-range integer values. A bad argument stops the load, loudly.

@@ -1,13 +1,15 @@
 //! The `idem-recd` module data type: RDB, AOF rewrite, MEMORY USAGE, DEBUG
 //! DIGEST, COPY and free callbacks. The encoding itself is `idem_core::codec`.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::ptr;
 
 use idem_core::{codec, Record};
 use redis_module::{native_types::RedisType, raw};
 
-use crate::boundary::{guard, log_warning};
+use crate::ffi::call::guard;
+use crate::ffi::ctx::{log_warning, Name};
+use crate::ffi::io::{digest_add, Aof, Rdb};
 use crate::mirror;
 
 /// RDB encoding version. Version 1 = one string buffer holding
@@ -40,20 +42,16 @@ pub static IDEM_TYPE: RedisType = RedisType::new(
     },
 );
 
-unsafe fn record<'a>(value: *const c_void) -> &'a Record {
-    &*value.cast::<Record>()
+/// The record behind a module value passed to one of the callbacks below.
+fn record<'a>(value: *const c_void) -> &'a Record {
+    // SAFETY: Redis passes these callbacks only values of IDEM_TYPE: each a
+    // Box<Record> this module stored, alive until the type's free callback.
+    unsafe { &*value.cast::<Record>() }
 }
 
 extern "C" fn rdb_save(io: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard("rdb_save", (), || {
-        let bytes = codec::encode(unsafe { record(value) });
-        unsafe {
-            raw::RedisModule_SaveStringBuffer.expect("SaveStringBuffer")(
-                io,
-                bytes.as_ptr().cast::<c_char>(),
-                bytes.len(),
-            )
-        };
+        Rdb::from_raw(io).save_buffer(&codec::encode(record(value)))
     })
 }
 
@@ -63,12 +61,13 @@ extern "C" fn rdb_load(io: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_voi
             log_warning(&format!("idem: unknown RDB encoding version {encver}"));
             return ptr::null_mut();
         }
-        let Ok(buf) = raw::load_string_buffer(io) else {
+        let io = Rdb::from_raw(io);
+        let Some(buf) = io.load_buffer() else {
             return ptr::null_mut();
         };
-        match codec::decode(buf.as_ref()) {
+        match codec::decode(&buf) {
             Ok(rec) => {
-                mirror::loaded(io, &rec);
+                mirror::loaded(io.key_and_db(), &rec);
                 Box::into_raw(Box::new(rec)).cast()
             }
             Err(e) => {
@@ -85,40 +84,24 @@ extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     guard("aof_rewrite", (), || {
-        let bytes = codec::encode(unsafe { record(value) });
-        unsafe {
-            raw::RedisModule_EmitAOF.expect("EmitAOF")(
-                aof,
-                c"IDEM._PUT".as_ptr(),
-                c"sb".as_ptr(),
-                key,
-                bytes.as_ptr().cast::<c_char>(),
-                bytes.len(),
-            )
-        };
+        let bytes = codec::encode(record(value));
+        Aof::from_raw(aof).emit_key_blob(c"IDEM._PUT", Name::from_raw(key), &bytes);
     })
 }
 
 extern "C" fn mem_usage(value: *const c_void) -> usize {
-    guard("mem_usage", 0, || unsafe { record(value) }.memory_usage())
+    guard("mem_usage", 0, || record(value).memory_usage())
 }
 
 extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guard("digest", (), || {
-        let mut bytes = codec::encode(unsafe { record(value) });
-        unsafe {
-            raw::RedisModule_DigestAddStringBuffer.expect("DigestAddStringBuffer")(
-                md,
-                bytes.as_mut_ptr().cast::<c_char>(),
-                bytes.len(),
-            );
-            raw::RedisModule_DigestEndSequence.expect("DigestEndSequence")(md);
-        }
+        digest_add(md, &mut codec::encode(record(value)));
     })
 }
 
 extern "C" fn free(value: *mut c_void) {
     guard("free", (), || {
+        // SAFETY: Redis frees each value once; it is the Box this module made.
         drop(unsafe { Box::from_raw(value.cast::<Record>()) })
     })
 }
@@ -129,6 +112,6 @@ extern "C" fn copy(
     value: *const c_void,
 ) -> *mut c_void {
     guard("copy", ptr::null_mut(), || {
-        Box::into_raw(Box::new(unsafe { record(value) }.clone())).cast()
+        Box::into_raw(Box::new(record(value).clone())).cast()
     })
 }

@@ -4,14 +4,18 @@
 //! type, configs and INFO, and translates between Redis and `idem-core`,
 //! where the decisions and the encoding live.
 
-use redis_module::{configuration::ConfigurationFlags, redis_module, Context, RedisString, Status};
+#![warn(clippy::undocumented_unsafe_blocks)]
 
-mod boundary;
+use redis_module::{
+    configuration::ConfigurationFlags, raw, redis_module, Context, RedisString, Status,
+};
+
 mod commands;
 mod config;
 mod datatype;
 mod effects;
-mod keyspace;
+mod ffi;
+mod info;
 mod mirror;
 mod stats;
 mod waiters;
@@ -22,6 +26,7 @@ use idem_core::token::TokenClock;
 
 use config::{LEASE_MS, MAX_BODY_BYTES, MAX_TTL, MIRROR_CLAIM_MS};
 use datatype::IDEM_TYPE;
+use ffi::ctx::{log_warning, Ctx};
 
 /// Module state touched only on Redis' main thread; the mutex is uncontended
 /// and a poisoned lock (a caught panic) is still usable.
@@ -48,12 +53,20 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.log_warning(&format!("idem: {e}"));
         return Status::Err;
     }
-    ctx.set_module_options(redis_module::ModuleOptions::HANDLE_IO_ERRORS);
-    stats::register_info(ctx);
-    match commands::register(ctx).and_then(|()| mirror::subscribe(ctx)) {
+    let ctx = Ctx::from_raw(ctx.get_raw());
+    // Short reads are errors, not aborts; commands signal a modified key
+    // themselves, and only when they change it (a replay must not abort a
+    // WATCH): ffi::key.
+    ctx.set_module_options(
+        raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+            | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED,
+    );
+    ffi::key::set_record_type(*IDEM_TYPE.raw_type.borrow());
+    info::register(ctx);
+    match commands::register(ctx).and_then(|()| mirror::events::subscribe(ctx)) {
         Ok(()) => Status::Ok,
         Err(e) => {
-            ctx.log_warning(&format!("idem: {e}"));
+            log_warning(&format!("idem: {e}"));
             Status::Err
         }
     }

@@ -6,25 +6,36 @@
 //! the record and answers: completed → every waiter replays; holder gone
 //! (aborted, lease lapsed, key deleted/expired/flushed) → the first waiter
 //! takes over as a normal BEGIN would; lease alive → a timer re-checks when
-//! it lapses. Every blocked client is unblocked exactly once: by `settle`,
-//! by its WAIT timeout, or on disconnect.
+//! it lapses. Every blocked client is unblocked exactly once, by whoever
+//! takes it out of the registry first: `settle`, its own deadline timer
+//! (`blocked` explains why not Redis' timeout), or its disconnect.
+//!
+//! A takeover writes and propagates, so it runs inside a command or from the
+//! lease timer; while clients are paused the timer only re-arms itself (Redis
+//! asserts that nothing is propagated during a pause).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::ptr;
 
 use idem_core::engine::{self, Begin};
-use idem_core::{args, Completed, Error, State};
+use idem_core::{args, wire, Completed, Error, State};
 use redis_module::raw;
 
-use crate::boundary::{guard, Call, Reply};
-use crate::commands::{reply_in_flight, reply_mismatch, reply_new, reply_replay};
-use crate::keyspace::{now_ms, Key};
-use crate::mirror::BlockedClient;
+use crate::ffi::blocked::{private_data, BlockedClient, Timer};
+use crate::ffi::call::{guard, Call};
+use crate::ffi::ctx::{now_ms, writes_paused, Ctx, Name};
+use crate::ffi::key::Key;
 use crate::{effects, stats, Shared, TOKENS};
 
+/// How often a lease timer that found clients paused looks again.
+const PAUSED_RETRY_MS: u64 = 10;
+
 struct Waiter {
+    id: u64,
     bc: BlockedClient,
+    /// Answers `in_flight` when the client's `WAIT` runs out.
+    deadline: Timer,
     fingerprint: [u8; 32],
     ttl_ms: u64,
     lease_ms: u64,
@@ -34,72 +45,71 @@ struct Waiter {
 struct KeyWaiters {
     queue: VecDeque<Waiter>,
     /// The pending lease timer and when it fires.
-    timer: Option<(raw::RedisModuleTimerID, u64)>,
+    timer: Option<(Timer, u64)>,
 }
 
 type KeyId = (i32, Vec<u8>);
 
-static WAITERS: Shared<BTreeMap<KeyId, KeyWaiters>> = Shared::new(BTreeMap::new());
+struct Registry {
+    keys: BTreeMap<KeyId, KeyWaiters>,
+    /// The key each waiter (by id) waits on.
+    owner: BTreeMap<u64, KeyId>,
+    next_id: u64,
+}
+
+static WAITERS: Shared<Registry> = Shared::new(Registry {
+    keys: BTreeMap::new(),
+    owner: BTreeMap::new(),
+    next_id: 1,
+});
 
 /// What a woken waiter is answered.
 enum Answer {
     New(u64),
     Replay(Completed),
     Mismatch,
+    InFlight(u64),
     Error(Error),
 }
 
 pub fn has(db: i32, key: &[u8]) -> bool {
     let all = WAITERS.lock();
-    !all.is_empty() && all.contains_key(&(db, key.to_vec()))
+    !all.keys.is_empty() && all.keys.contains_key(&(db, key.to_vec()))
 }
 
 pub fn count() -> usize {
-    WAITERS.lock().values().map(|w| w.queue.len()).sum()
+    WAITERS.lock().owner.len()
 }
 
 /// Blocks the calling client as a waiter on its key. Returns false (the
 /// caller answers `in_flight` at once) where blocking is not allowed: inside
 /// MULTI, Lua, or a context that denies blocking.
 pub fn wait(call: &Call, req: &args::Begin, lease_until: u64) -> bool {
-    let denied = (raw::REDISMODULE_CTX_FLAGS_MULTI
-        | raw::REDISMODULE_CTX_FLAGS_LUA
-        | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING
-        | raw::REDISMODULE_CTX_FLAGS_REPLICATED
-        | raw::REDISMODULE_CTX_FLAGS_LOADING) as c_int;
-    let Some(wait_ms) = req.wait_ms.filter(|_| call.flags() & denied == 0) else {
+    let Some(wait_ms) = req.wait_ms.filter(|_| call.ctx.may_wait()) else {
         return false;
     };
-    let bc = unsafe {
-        raw::RedisModule_BlockClient.expect("BlockClient")(
-            call.ctx,
-            Some(on_reply),
-            Some(on_timeout),
-            Some(free_answer),
-            wait_ms as i64,
-        )
-    };
-    unsafe {
-        raw::RedisModule_SetDisconnectCallback.expect("SetDisconnectCallback")(
-            bc,
-            Some(on_disconnect),
-        )
-    };
-    let id = (call.db(), req.key.to_vec());
+    let bc = BlockedClient::block(call.ctx, on_reply, free_answer, on_disconnect);
+    let key_id = (call.ctx.db(), req.key.to_vec());
     let mut all = WAITERS.lock();
-    let entry = all.entry(id.clone()).or_default();
+    let id = all.next_id;
+    all.next_id += 1;
+    let deadline = Timer::start(call.ctx, wait_ms, on_deadline, id as usize as *mut c_void);
+    all.owner.insert(id, key_id.clone());
+    let entry = all.keys.entry(key_id.clone()).or_default();
     entry.queue.push_back(Waiter {
-        bc: BlockedClient(bc),
+        id,
+        bc,
+        deadline,
         fingerprint: req.fingerprint,
         ttl_ms: req.ttl_ms,
         lease_ms: req.lease_ms,
     });
-    arm_timer(call.ctx, entry, &id, lease_until);
+    arm_timer(call.ctx, entry, &key_id, lease_until);
     true
 }
 
 /// Makes sure a timer re-checks the key no later than `at`.
-fn arm_timer(ctx: *mut raw::RedisModuleCtx, entry: &mut KeyWaiters, id: &KeyId, at: u64) {
+fn arm_timer(ctx: Ctx, entry: &mut KeyWaiters, id: &KeyId, at: u64) {
     if let Some((timer, fires_at)) = entry.timer {
         if fires_at <= at {
             return;
@@ -108,71 +118,130 @@ fn arm_timer(ctx: *mut raw::RedisModuleCtx, entry: &mut KeyWaiters, id: &KeyId, 
     }
     let delay = at.saturating_sub(now_ms());
     let data = Box::into_raw(Box::new(id.clone())).cast::<c_void>();
-    let timer = unsafe {
-        raw::RedisModule_CreateTimer.expect("CreateTimer")(ctx, delay as i64, Some(on_timer), data)
-    };
-    entry.timer = Some((timer, now_ms() + delay));
+    entry.timer = Some((Timer::start(ctx, delay, on_timer, data), now_ms() + delay));
 }
 
-fn stop_timer(ctx: *mut raw::RedisModuleCtx, timer: raw::RedisModuleTimerID) {
-    let mut data: *mut c_void = ptr::null_mut();
-    let stopped = unsafe { raw::RedisModule_StopTimer.expect("StopTimer")(ctx, timer, &mut data) };
-    if stopped == raw::REDISMODULE_OK as c_int && !data.is_null() {
+fn stop_timer(ctx: Ctx, timer: Timer) {
+    if let Some(data) = timer.stop(ctx).filter(|d| !d.is_null()) {
+        // SAFETY: lease timers carry a boxed KeyId, and a stopped timer
+        // hands its data back exactly once.
         drop(unsafe { Box::from_raw(data.cast::<KeyId>()) });
     }
 }
 
 extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    let ctx = Ctx::from_raw(ctx);
     guard("wait timer", (), || {
-        let (db, key) = *unsafe { Box::from_raw(data.cast::<KeyId>()) };
-        if let Some(entry) = WAITERS.lock().get_mut(&(db, key.clone())) {
+        // SAFETY: lease timers carry a boxed KeyId; a fired timer's data is
+        // ours to free, once.
+        let id = *unsafe { Box::from_raw(data.cast::<KeyId>()) };
+        {
+            let mut all = WAITERS.lock();
+            let Some(entry) = all.keys.get_mut(&id) else {
+                return;
+            };
             entry.timer = None;
+            if writes_paused() {
+                arm_timer(ctx, entry, &id, now_ms() + PAUSED_RETRY_MS);
+                return;
+            }
         }
-        unsafe { raw::RedisModule_SelectDb.expect("SelectDb")(ctx, db) };
-        settle(ctx, db, &key);
+        ctx.select_db(id.0);
+        settle(ctx, id.0, &id.1);
     })
+}
+
+/// A waiter's `WAIT` ran out: it gets `in_flight`, unless it was answered.
+extern "C" fn on_deadline(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    let ctx = Ctx::from_raw(ctx);
+    guard("wait deadline", (), || {
+        let id = data as usize as u64;
+        let Some((waiter, (db, key))) = take(|all| all.owner.get(&id).cloned(), |w| w.id == id)
+        else {
+            return; // answered, or disconnected, already
+        };
+        ctx.select_db(db);
+        let name = ctx.string(&key);
+        let retry_after = match Key::open_read(ctx, name.name()).record() {
+            Ok(Some(r)) => lease_end(&r.state).saturating_sub(now_ms()),
+            _ => 0,
+        };
+        stats::IN_FLIGHT.incr();
+        stats::WAITS_TIMEOUT.incr();
+        answer(waiter.bc, Answer::InFlight(retry_after.max(1)));
+    })
+}
+
+/// Removes the waiter `pick` accepts from the registry, with its key:
+/// looked for under the key `key_of` names, else under every key.
+fn take(
+    key_of: impl FnOnce(&Registry) -> Option<KeyId>,
+    mut pick: impl FnMut(&Waiter) -> bool,
+) -> Option<(Waiter, KeyId)> {
+    let mut all = WAITERS.lock();
+    let key_id = match key_of(&all) {
+        Some(k) => k,
+        None => all
+            .keys
+            .iter()
+            .find(|(_, e)| e.queue.iter().any(&mut pick))
+            .map(|(k, _)| k.clone())?,
+    };
+    let entry = all.keys.get_mut(&key_id)?;
+    let pos = entry.queue.iter().position(pick)?;
+    let waiter = entry.queue.remove(pos)?;
+    all.owner.remove(&waiter.id);
+    Some((waiter, key_id))
 }
 
 /// The key was deleted, expired, renamed or restored: settle from a timer,
 /// since keyspace callbacks must not write.
-pub fn key_gone(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
+pub fn key_gone(ctx: Ctx, db: i32, key: &[u8]) {
     let id = (db, key.to_vec());
-    if let Some(entry) = WAITERS.lock().get_mut(&id) {
+    if let Some(entry) = WAITERS.lock().keys.get_mut(&id) {
         arm_timer(ctx, entry, &id, 0);
     }
 }
 
-/// A database (or all, `db < 0`) was flushed.
-pub fn flushed(ctx: *mut raw::RedisModuleCtx, db: i32) {
+/// The contents of databases changed wholesale (FLUSHDB/FLUSHALL: `db < 0`
+/// for all; SWAPDB): every waiter there looks at its key again, soon.
+pub fn recheck_dbs(ctx: Ctx, dbs: &[i32]) {
     let mut all = WAITERS.lock();
-    for (id, entry) in all.iter_mut().filter(|(id, _)| db < 0 || id.0 == db) {
+    for (id, entry) in all
+        .keys
+        .iter_mut()
+        .filter(|(id, _)| dbs.iter().any(|&db| db < 0 || db == id.0))
+    {
         arm_timer(ctx, entry, id, 0);
     }
 }
 
 /// Answers the waiters of `key` as far as its record allows (see module docs).
-pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
+pub fn settle(ctx: Ctx, db: i32, key: &[u8]) {
     if !has(db, key) {
         return;
     }
     let id = (db, key.to_vec());
-    let name = unsafe {
-        raw::RedisModule_CreateString.expect("CreateString")(
-            ctx,
-            key.as_ptr().cast::<c_char>(),
-            key.len(),
-        )
-    };
+    settle_named(ctx, &id, ctx.string(key).name());
+    let mut all = WAITERS.lock();
+    if all.keys.get(&id).is_some_and(|e| e.queue.is_empty()) {
+        if let Some((timer, _)) = all.keys.remove(&id).and_then(|e| e.timer) {
+            stop_timer(ctx, timer);
+        }
+    }
+}
+
+fn settle_named(ctx: Ctx, id: &KeyId, name: Name) {
+    let key = &id.1[..];
     loop {
         let Some(waiter) = WAITERS
             .lock()
-            .get_mut(&id)
+            .keys
+            .get_mut(id)
             .and_then(|e| e.queue.pop_front())
         else {
             break;
         };
-        let bc = waiter.bc;
-        let mut handle = Key::open(ctx, name);
         let req = args::Begin {
             key,
             fingerprint: waiter.fingerprint,
@@ -180,10 +249,16 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
             lease_ms: waiter.lease_ms,
             wait_ms: None,
         };
+        // Taken out below to be answered, or put back to wait on.
+        let mut waiter = Some(waiter);
+        let mut handle = Key::open(ctx, name);
         let record = match handle.record() {
             Ok(r) => r,
             Err(e) => {
-                answer(bc, Answer::Error(e));
+                drop(handle);
+                if let Some(w) = waiter.take() {
+                    finish(ctx, w, Answer::Error(e));
+                }
                 continue;
             }
         };
@@ -194,7 +269,7 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
                 handle.store(record);
                 Some((Answer::New(token), Some(lease_until)))
             }
-            Begin::TakenOver { token } => match handle.record() {
+            Begin::TakenOver { token } => match handle.signal_then_record() {
                 Ok(Some(record)) => {
                     effects::replicate_put(ctx, name, record);
                     stats::TAKEOVERS.incr();
@@ -204,9 +279,9 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
             },
             Begin::InFlight { retry_after_ms } => {
                 let mut all = WAITERS.lock();
-                if let Some(entry) = all.get_mut(&id) {
-                    entry.queue.push_front(waiter);
-                    arm_timer(ctx, entry, &id, now_ms() + retry_after_ms);
+                if let (Some(entry), Some(w)) = (all.keys.get_mut(id), waiter.take()) {
+                    entry.queue.push_front(w);
+                    arm_timer(ctx, entry, id, now_ms() + retry_after_ms);
                 }
                 None
             }
@@ -221,22 +296,25 @@ pub fn settle(ctx: *mut raw::RedisModuleCtx, db: i32, key: &[u8]) {
             stats::NEW.incr();
             stats::WAITS_TAKEOVER.incr();
         }
-        answer(bc, reply);
+        if let Some(w) = waiter.take() {
+            finish(ctx, w, reply);
+        }
         if let Some(at) = lease_until {
             // The new holder's lease: the rest wait on it.
-            if let Some(entry) = WAITERS.lock().get_mut(&id) {
-                arm_timer(ctx, entry, &id, at);
+            if let Some(entry) = WAITERS.lock().keys.get_mut(id) {
+                arm_timer(ctx, entry, id, at);
             }
             break;
         }
     }
-    unsafe { raw::RedisModule_FreeString.expect("FreeString")(ctx, name) };
-    let mut all = WAITERS.lock();
-    if all.get(&id).is_some_and(|e| e.queue.is_empty()) {
-        if let Some((timer, _)) = all.remove(&id).and_then(|e| e.timer) {
-            stop_timer(ctx, timer);
-        }
-    }
+}
+
+/// Answers a waiter taken off its queue: it leaves the registry, its
+/// deadline timer stops.
+fn finish(ctx: Ctx, waiter: Waiter, reply: Answer) {
+    WAITERS.lock().owner.remove(&waiter.id);
+    waiter.deadline.stop(ctx);
+    answer(waiter.bc, reply);
 }
 
 fn lease_end(state: &State) -> u64 {
@@ -251,22 +329,7 @@ fn answer(bc: BlockedClient, answer: Answer) {
         stats::WAITS_REPLAY.incr();
         stats::REPLAY.incr();
     }
-    let data = Box::into_raw(Box::new(answer)).cast::<c_void>();
-    unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(bc.0, data) };
-}
-
-/// Forgets a waiter; false when it was already answered (and so already
-/// unblocked: unblocking twice would free it twice).
-fn remove(bc: *mut raw::RedisModuleBlockedClient) -> bool {
-    let mut all = WAITERS.lock();
-    let mut found = false;
-    for entry in all.values_mut() {
-        let before = entry.queue.len();
-        entry.queue.retain(|w| w.bc.0 != bc);
-        found |= entry.queue.len() != before;
-    }
-    all.retain(|_, e| !e.queue.is_empty() || e.timer.is_some());
-    found
+    bc.unblock(Box::into_raw(Box::new(answer)).cast::<c_void>());
 }
 
 extern "C" fn on_reply(
@@ -275,63 +338,43 @@ extern "C" fn on_reply(
     _argc: c_int,
 ) -> c_int {
     guard("wait reply", (), || {
-        let data = unsafe {
-            raw::RedisModule_GetBlockedClientPrivateData.expect("GetBlockedClientPrivateData")(ctx)
-        };
-        let Some(answer) = (unsafe { data.cast::<Answer>().as_ref() }) else {
+        let ctx = Ctx::from_raw(ctx);
+        let data = private_data(ctx).cast::<Answer>();
+        // SAFETY: waiters are unblocked with a boxed Answer, freed by
+        // `free_answer` after this callback.
+        let Some(answer) = (unsafe { data.as_ref() }) else {
             return;
         };
-        let reply = Reply(ctx);
+        let mut reply = ctx.reply();
         match answer {
-            Answer::New(token) => reply_new(reply, *token),
-            Answer::Replay(c) => reply_replay(reply, c),
-            Answer::Mismatch => reply_mismatch(reply),
+            Answer::New(token) => wire::Begin::New { token: *token }.write(&mut reply),
+            Answer::Replay(c) => wire::Begin::Replay(c).write(&mut reply),
+            Answer::Mismatch => wire::Begin::Mismatch.write(&mut reply),
+            Answer::InFlight(ms) => wire::Begin::InFlight {
+                retry_after_ms: *ms,
+            }
+            .write(&mut reply),
             Answer::Error(e) => reply.error(e),
         }
     });
     raw::REDISMODULE_OK as c_int
 }
 
-extern "C" fn on_timeout(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard("wait timeout", (), || unsafe {
-        let bc = raw::RedisModule_GetBlockedClientHandle.expect("GetBlockedClientHandle")(ctx);
-        if !remove(bc) {
-            return; // already answered (and unblocked) by `settle`
-        }
-        let retry_after = if argc > 1 {
-            let mut key = Key::open_read(ctx, *argv.add(1));
-            match key.record() {
-                Ok(Some(r)) => lease_end(&r.state).saturating_sub(now_ms()),
-                _ => 0,
-            }
-        } else {
-            0
-        };
-        stats::IN_FLIGHT.incr();
-        stats::WAITS_TIMEOUT.incr();
-        reply_in_flight(Reply(ctx), retry_after.max(1));
-        raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut());
-    });
-    raw::REDISMODULE_OK as c_int
-}
-
-extern "C" fn on_disconnect(
-    _ctx: *mut raw::RedisModuleCtx,
-    bc: *mut raw::RedisModuleBlockedClient,
-) {
+extern "C" fn on_disconnect(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisModuleBlockedClient) {
+    let ctx = Ctx::from_raw(ctx);
     guard("wait disconnect", (), || {
-        if remove(bc) {
-            unsafe { raw::RedisModule_UnblockClient.expect("UnblockClient")(bc, ptr::null_mut()) };
+        let bc = BlockedClient::from_raw(bc);
+        // Not in the registry: already answered, and so already unblocked.
+        if let Some((waiter, _)) = take(|_| None, |w| w.bc == bc) {
+            waiter.deadline.stop(ctx);
+            bc.unblock(ptr::null_mut());
         }
     })
 }
 
 extern "C" fn free_answer(_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
     if !data.is_null() {
+        // SAFETY: the Box<Answer> a waiter was unblocked with, freed once.
         drop(unsafe { Box::from_raw(data.cast::<Answer>()) });
     }
 }

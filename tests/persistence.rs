@@ -353,7 +353,7 @@ fn first_format_payloads_still_restore() {
             fingerprint: fp_hex(b"fp-golden"),
             token: 1_795_996_558_526_000,
             created_at: 1_795_996_558_526,
-            expires_at: 1_796_082_958_526,
+            expires_at: NO_TTL, // RESTORE ... 0: the key has no TTL
             lease_until: None,
             status: Some(201),
             body: Some(br#"{"id":"pay_1"}"#.to_vec()),
@@ -372,7 +372,7 @@ fn first_format_payloads_still_restore() {
             fingerprint: fp_hex(b"fp-held"),
             token: 1_795_996_558_565_000,
             created_at: 1_795_996_558_565,
-            expires_at: 1_796_082_958_565,
+            expires_at: NO_TTL,
             lease_until: Some(1_795_996_563_565),
             status: None,
             body: None,

@@ -161,6 +161,10 @@ fn a_crashed_holder_is_taken_over_by_one_waiter_when_its_lease_lapses() {
     // The holder never completes. After the lease, exactly one waiter is new.
     assert!(eventually(Duration::from_secs(5), || idem_counter(
         &mut holder,
+        "idem_waits_takeover"
+    ) == 1));
+    assert!(eventually(Duration::from_secs(5), || idem_counter(
+        &mut holder,
         "idem_waiters"
     ) == 4));
     assert!(

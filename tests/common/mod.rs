@@ -240,6 +240,16 @@ pub fn ack(con: &mut Connection, key: &str, token: u64) -> i64 {
     int(&ok(con, &["IDEM.MIRROR.ACK", key, &token.to_string()]))
 }
 
+/// `expires_at` of a record whose key has no TTL (the wire says -1).
+pub const NO_TTL: u64 = u64::MAX;
+
+fn expiry(v: &Value) -> u64 {
+    match int(v) {
+        -1 => NO_TTL,
+        at => u64::try_from(at).expect("expires_at is -1 or a time"),
+    }
+}
+
 /// An IDEM.GET reply, parsed strictly: the documented fields in the
 /// documented order, and no others.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,7 +313,7 @@ impl Rec {
             fingerprint: text(m["fingerprint"]),
             token: num(m["token"]),
             created_at: num(m["created_at"]),
-            expires_at: num(m["expires_at"]),
+            expires_at: expiry(m["expires_at"]),
             lease_until: opt_num("lease_until"),
             status: opt_num("status"),
             body: m.get("body").map(|v| bytes(v)),
@@ -400,7 +410,7 @@ pub fn parse_pull(v: &Value) -> Vec<Pulled> {
                 headers: byte_list(&a[5]),
                 created_at: int(&a[6]) as u64,
                 completed_at: int(&a[7]) as u64,
-                expires_at: int(&a[8]) as u64,
+                expires_at: expiry(&a[8]),
             }
         })
         .collect()

@@ -1,11 +1,13 @@
 //! Client for the idem Redis module: the IDEM.* commands over redis-rs
 //! (standalone and cluster), request fingerprints (with RFC 8785 JSON
-//! canonicalization), read-through from the Postgres mirror, and a tower/axum
-//! `Idempotency-Key` middleware.
+//! canonicalization), read-through from the Postgres mirror, a tower/axum
+//! `Idempotency-Key` middleware, and the Postgres fence for handlers whose
+//! effects live in Postgres.
 
 pub mod canonical_json;
 mod client;
 mod error;
+pub mod fence;
 pub mod fingerprint;
 pub mod middleware;
 mod outcome;
@@ -15,6 +17,7 @@ mod wait_connections;
 
 pub use client::{IdemClient, DEFAULT_CALL_TIMEOUT};
 pub use error::IdemError;
+pub use fence::{Claim, Fence, FenceTransaction};
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use middleware::{Idempotency, IdempotencyLayer};
 pub use outcome::{BeginOptions, Origin, Outcome, StoredResponse};

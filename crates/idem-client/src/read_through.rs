@@ -73,37 +73,10 @@ impl ReadThrough {
             return Ok(None);
         };
         let fingerprint_hex: String = row.try_get(0)?;
-        let status: i32 = row.try_get(1)?;
-        let body: Option<Vec<u8>> = row.try_get(2)?;
-        let flat_headers: Option<Vec<Vec<u8>>> = row.try_get(3)?;
-        let status = u16::try_from(status)
-            .ok()
-            .filter(|s| (100..=599).contains(s))
-            .ok_or_else(|| {
-                IdemError::Postgres(format!("mirror row for {key:?} has status {status}"))
-            })?;
-        let flat_headers = flat_headers.unwrap_or_default();
-        if flat_headers.len() % 2 == 1 {
-            return Err(IdemError::Postgres(format!(
-                "mirror row for {key:?} has an odd number of header items"
-            )));
-        }
-        let headers = flat_headers
-            .chunks_exact(2)
-            .map(|pair| {
-                (
-                    String::from_utf8_lossy(&pair[0]).into_owned(),
-                    Bytes::copy_from_slice(&pair[1]),
-                )
-            })
-            .collect();
+        let response = decode_response(key, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)?;
         Ok(Some(MirroredRecord {
             fingerprint_hex: fingerprint_hex.to_ascii_lowercase(),
-            response: StoredResponse {
-                status,
-                body: Bytes::from(body.unwrap_or_default()),
-                headers,
-            },
+            response,
         }))
     }
 
@@ -154,6 +127,40 @@ impl ReadThrough {
         }
         Ok(Outcome::Replay(record.response))
     }
+}
+
+/// A stored response from its `idempotency_keys` columns: status, body and
+/// the flat `name, value, ...` header array.
+pub(crate) fn decode_response(
+    key: &str,
+    status: i32,
+    body: Option<Vec<u8>>,
+    flat_headers: Option<Vec<Vec<u8>>>,
+) -> Result<StoredResponse, IdemError> {
+    let status = u16::try_from(status)
+        .ok()
+        .filter(|s| (100..=599).contains(s))
+        .ok_or_else(|| IdemError::Postgres(format!("row for {key:?} has status {status}")))?;
+    let flat_headers = flat_headers.unwrap_or_default();
+    if flat_headers.len() % 2 == 1 {
+        return Err(IdemError::Postgres(format!(
+            "row for {key:?} has an odd number of header items"
+        )));
+    }
+    let headers = flat_headers
+        .chunks_exact(2)
+        .map(|pair| {
+            (
+                String::from_utf8_lossy(&pair[0]).into_owned(),
+                Bytes::copy_from_slice(&pair[1]),
+            )
+        })
+        .collect();
+    Ok(StoredResponse {
+        status,
+        body: Bytes::from(body.unwrap_or_default()),
+        headers,
+    })
 }
 
 async fn release<C>(client: &IdemClient<C>, key: &str, token: u64)

@@ -2,6 +2,7 @@
 //! name). Bad input becomes `Error::BadArg` / `Error::TooLarge` before any
 //! record is touched.
 
+use crate::record::STATUS_RANGE;
 use crate::{Error, Header};
 
 /// Limits taken from the module's configs at call time.
@@ -145,7 +146,8 @@ pub fn complete<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Complete<'a>, 
         "IDEM.COMPLETE key token status body [HEADER name value]... [MIRRORED]",
     )?;
     let token = token(args[1])?;
-    let status = ranged(args[2], "status", 100, 599)? as u16;
+    let (lo, hi) = (*STATUS_RANGE.start(), *STATUS_RANGE.end());
+    let status = ranged(args[2], "status", lo.into(), hi.into())? as u16;
     let body = args[3];
     let mut headers = Vec::new();
     let mut mirrored = false;
@@ -289,7 +291,7 @@ mod tests {
             "k fp 99999999999999999999999",
         ] {
             let e = begin(&a(bad), &LIMITS).unwrap_err();
-            assert_eq!(e.code(), "BADARG", "{bad}");
+            assert_eq!(e.code().as_str(), "BADARG", "{bad}");
         }
     }
 
@@ -316,15 +318,15 @@ mod tests {
             "k 9223372036854775808 200 b",
         ] {
             assert_eq!(
-                complete(&a(bad), &LIMITS).unwrap_err().code(),
+                complete(&a(bad), &LIMITS).unwrap_err().code().as_str(),
                 "BADARG",
                 "{bad}"
             );
         }
         let e = complete(&a("k 5 200 0123456789a"), &LIMITS).unwrap_err();
-        assert_eq!(e.code(), "TOOLARGE");
+        assert_eq!(e.code().as_str(), "TOOLARGE");
         let e = complete(&a("k 5 200 0123456 HEADER ab cd"), &LIMITS).unwrap_err();
-        assert_eq!(e.code(), "TOOLARGE");
+        assert_eq!(e.code().as_str(), "TOOLARGE");
     }
 
     #[test]

@@ -58,10 +58,23 @@ pub fn encode_into(record: &Record, out: &mut Vec<u8>) {
     }
 }
 
+/// Decodes and validates (`Record::validate`) a record: everything decoded
+/// comes from outside (RDB, RESTORE, AOF, replication).
 pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
+    use bincode::Options;
     match bytes.split_first() {
-        Some((&FORMAT_V1, rest)) => bincode::deserialize(rest)
-            .map_err(|e| Error::Corrupt(format!("idem record v1 does not decode: {e}"))),
+        Some((&FORMAT_V1, rest)) => {
+            // bincode 1.x defaults (fixed-width integers), plus: no length
+            // prefix may claim more bytes than there are, no trailing bytes.
+            let record: Record = bincode::DefaultOptions::new()
+                .with_fixint_encoding()
+                .with_limit(rest.len() as u64)
+                .reject_trailing_bytes()
+                .deserialize(rest)
+                .map_err(|e| Error::Corrupt(format!("idem record v1 does not decode: {e}")))?;
+            record.validate()?;
+            Ok(record)
+        }
         Some((v, _)) => Err(Error::Corrupt(format!(
             "idem record format {v} is newer than this module"
         ))),
@@ -70,7 +83,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{Completed, Header, MirrorState, State};
     use proptest::prelude::*;
@@ -127,10 +140,50 @@ mod tests {
             )
     }
 
+    /// Records as a node could have written them: every field in range.
+    pub(crate) fn arb_valid_record() -> impl Strategy<Value = Record> {
+        use crate::record::{TIME_LIMIT_MS, TOKEN_LIMIT};
+        (
+            arb_record(),
+            1..TOKEN_LIMIT,
+            0..=TIME_LIMIT_MS,
+            0..=TIME_LIMIT_MS,
+            0..=TIME_LIMIT_MS,
+        )
+            .prop_map(|(mut r, token, t1, t2, t3)| {
+                r.token = token;
+                r.created_at = t1;
+                r.expires_at = t2;
+                match &mut r.state {
+                    State::InProgress { lease_until } => *lease_until = t3,
+                    State::Completed(c) => {
+                        c.completed_at = t3;
+                        c.headers.retain(|h| !h.name.is_empty());
+                    }
+                }
+                r
+            })
+    }
+
     proptest! {
         #[test]
-        fn roundtrips(r in arb_record()) {
+        fn roundtrips_or_refuses_invalid(r in arb_record()) {
+            match r.validate() {
+                Ok(()) => prop_assert_eq!(decode(&encode(&r)).unwrap(), r),
+                Err(e) => prop_assert_eq!(decode(&encode(&r)), Err(e)),
+            }
+        }
+
+        #[test]
+        fn valid_records_roundtrip(r in arb_valid_record()) {
             prop_assert_eq!(decode(&encode(&r)).unwrap(), r);
+        }
+
+        #[test]
+        fn trailing_bytes_are_refused(r in arb_valid_record(), junk in proptest::collection::vec(any::<u8>(), 1..8)) {
+            let mut bytes = encode(&r);
+            bytes.extend(junk);
+            prop_assert!(matches!(decode(&bytes), Err(Error::Corrupt(_))));
         }
 
         #[test]

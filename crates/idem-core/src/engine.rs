@@ -58,7 +58,7 @@ pub fn begin<'r>(
         };
     }
     *lease_until = now.saturating_add(req.lease_ms);
-    tokens.observe(rec.token);
+    tokens.observe(rec.token, now);
     rec.token = tokens.next(now);
     Begin::TakenOver { token: rec.token }
 }

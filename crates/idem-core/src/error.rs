@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::wire::ErrorCode;
+
 /// Every failure a command can answer. `Display` gives the full error reply,
 /// code word first (`STALE ...`), as clients see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,17 +34,17 @@ impl Error {
     }
 
     /// The code word that starts the error reply.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Error::BadArg(_) => "BADARG",
-            Error::Stale => "STALE",
-            Error::NotFound => "NOTFOUND",
-            Error::Completed => "COMPLETED",
-            Error::TooLarge { .. } => "TOOLARGE",
-            Error::WrongType => "WRONGTYPE",
-            Error::Corrupt(_) => "CORRUPT",
-            Error::NoPerm(_) => "NOPERM",
-            Error::Internal(_) => "INTERNAL",
+            Error::BadArg(_) => ErrorCode::BadArg,
+            Error::Stale => ErrorCode::Stale,
+            Error::NotFound => ErrorCode::NotFound,
+            Error::Completed => ErrorCode::Completed,
+            Error::TooLarge { .. } => ErrorCode::TooLarge,
+            Error::WrongType => ErrorCode::WrongType,
+            Error::Corrupt(_) => ErrorCode::Corrupt,
+            Error::NoPerm(_) => ErrorCode::NoPerm,
+            Error::Internal(_) => ErrorCode::Internal,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod pending;
 pub mod record;
 pub mod token;
+pub mod wire;
 
 pub use error::Error;
 pub use record::{Completed, Header, MirrorState, Record, State};

@@ -57,21 +57,37 @@ impl PendingIndex {
     /// Claims up to `count` available entries until `now + claim_ms`;
     /// returns their keys and tokens, oldest availability first.
     pub fn claim(&mut self, now: u64, count: usize, claim_ms: u64) -> Vec<(Vec<u8>, u64)> {
-        let mut out = Vec::new();
-        while out.len() < count {
-            let Some(first) = self.queue.first() else {
-                break;
-            };
-            if first.0 > now {
-                break;
-            }
-            let (_, key) = self.queue.pop_first().expect("non-empty");
-            let e = self.by_key.get_mut(&key).expect("index entries agree");
-            e.available_at = now.saturating_add(claim_ms);
-            self.queue.insert((e.available_at, key.clone()));
-            out.push((key, e.token));
-        }
-        out
+        self.claim_where(now, count, claim_ms, |_| true)
+    }
+
+    /// Like `claim`, for a caller that may see only the keys `visible`
+    /// accepts: the others are neither handed out nor claimed.
+    pub fn claim_where(
+        &mut self,
+        now: u64,
+        count: usize,
+        claim_ms: u64,
+        mut visible: impl FnMut(&[u8]) -> bool,
+    ) -> Vec<(Vec<u8>, u64)> {
+        let picked: Vec<(u64, Vec<u8>)> = self
+            .queue
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .filter(|(_, key)| visible(key))
+            .take(count)
+            .cloned()
+            .collect();
+        let until = now.saturating_add(claim_ms);
+        picked
+            .into_iter()
+            .map(|(at, key)| {
+                self.queue.remove(&(at, key.clone()));
+                let e = self.by_key.get_mut(&key).expect("index entries agree");
+                e.available_at = until;
+                self.queue.insert((until, key.clone()));
+                (key, e.token)
+            })
+            .collect()
     }
 
     /// When the next claimed entry becomes available again, if none is now.
@@ -115,6 +131,18 @@ mod tests {
         assert_eq!(p.next_available_at(), Some(150));
         assert_eq!(p.claim(150, 10, 50).len(), 2);
         assert_eq!(p.len(), 2);
+    }
+
+    #[test]
+    fn invisible_entries_are_neither_handed_out_nor_claimed() {
+        let mut p = PendingIndex::default();
+        p.insert(b"pay:1", 1, 10);
+        p.insert(b"secret:1", 2, 11);
+        p.insert(b"pay:2", 3, 12);
+        let mine = p.claim_where(100, 10, 1_000, |k| k.starts_with(b"pay:"));
+        assert_eq!(mine, vec![(b"pay:1".to_vec(), 1), (b"pay:2".to_vec(), 3)]);
+        // The real writer still gets the hidden record at once.
+        assert_eq!(p.claim(100, 10, 1_000), vec![(b"secret:1".to_vec(), 2)]);
     }
 
     #[test]

@@ -5,6 +5,19 @@
 //! failover (replicas observe every token they apply); the counter part keeps
 //! them strictly increasing within a millisecond. Values stay below 2^53, so
 //! they survive JSON clients intact.
+//!
+//! Observed tokens come from data (RDB, RESTORE, replication). A token more
+//! than `MAX_SKEW_MS` ahead of this node's clock is not trusted to move the
+//! clock: one forged record cannot push every later token of the node to the
+//! bound. Records carrying such a token are still fenced exactly (a holder's
+//! token must equal the record's); only their order against later tokens is
+//! lost, which needs node clocks a day apart.
+
+use crate::record::TOKEN_LIMIT;
+
+/// How far ahead of this node's clock an observed token may be and still move
+/// the clock: one day.
+pub const MAX_SKEW_MS: u64 = 24 * 3600 * 1000;
 
 #[derive(Debug, Default, Clone)]
 pub struct TokenClock {
@@ -23,9 +36,17 @@ impl TokenClock {
         t
     }
 
-    /// Record a token seen elsewhere (loaded, replicated, restored).
-    pub fn observe(&mut self, token: u64) {
-        self.last = self.last.max(token);
+    /// Record a token seen elsewhere (loaded, replicated, restored, or held
+    /// by a record being taken over), unless it is implausibly far ahead of
+    /// `now_ms` (see the module docs).
+    pub fn observe(&mut self, token: u64, now_ms: u64) {
+        let horizon = now_ms
+            .saturating_add(MAX_SKEW_MS)
+            .saturating_mul(1000)
+            .min(TOKEN_LIMIT - 1);
+        if token <= horizon {
+            self.last = self.last.max(token);
+        }
     }
 
     pub fn last(&self) -> u64 {
@@ -51,7 +72,24 @@ mod tests {
     #[test]
     fn observed_tokens_are_exceeded() {
         let mut c = TokenClock::default();
-        c.observe(u64::MAX / 4);
-        assert!(c.next(5) > u64::MAX / 4);
+        let now = 1_800_000_000_000;
+        c.observe(now * 1000 + 5_000, now);
+        assert!(c.next(now) > now * 1000 + 5_000);
+    }
+
+    #[test]
+    fn data_cannot_drive_tokens_past_the_bound() {
+        let mut c = TokenClock::default();
+        let now = 1_800_000_000_000;
+        c.observe(u64::MAX, now);
+        c.observe(TOKEN_LIMIT - 1, now);
+        c.observe((now + MAX_SKEW_MS + 1) * 1000, now);
+        assert_eq!(c.next(now), now * 1000, "far-future tokens are not trusted");
+        c.observe((now + 1000) * 1000, now);
+        assert_eq!(
+            c.next(now),
+            (now + 1000) * 1000 + 1,
+            "a clock a second ahead is"
+        );
     }
 }

@@ -1,7 +1,9 @@
 //! Test harness shared by every crate's integration tests: a `redis-server`
 //! with the idem module loaded on a free port (killed on drop), and throwaway
-//! Postgres databases (dropped on drop). Never touches port 6379.
+//! Postgres databases (dropped on drop), and Redis Cluster / Sentinel set-ups
+//! (`cluster`). Never touches port 6379.
 
+pub mod cluster;
 pub mod postgres_server;
 
 use std::net::TcpListener;

@@ -3,13 +3,19 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::topology::Topology;
+
 /// Everything `run` needs. Build with [`WriterConfig::new`] and adjust the
 /// public fields.
 #[derive(Debug, Clone)]
 pub struct WriterConfig {
-    /// One URL per Redis primary (the database number in the URL selects
-    /// the database the pull serves).
-    pub redis_urls: Vec<String>,
+    /// The primaries to mirror: a fixed list (the database number in a URL
+    /// selects the database the pull serves), a cluster, or a Sentinel-managed
+    /// primary.
+    pub topology: Topology,
+    /// How often the primaries of a cluster or Sentinel are discovered again
+    /// (also soon after any node failure).
+    pub topology_interval: Duration,
     pub database_url: String,
     /// Records per `IDEM.MIRROR.PULL` (1..=10000), hence per upsert.
     pub batch_size: u32,
@@ -38,9 +44,12 @@ pub struct WriterConfig {
 }
 
 impl WriterConfig {
+    /// Mirrors the fixed list of primaries `redis_urls`; set `topology` to
+    /// follow a cluster or Sentinel instead.
     pub fn new(redis_urls: Vec<String>, database_url: impl Into<String>) -> Self {
         WriterConfig {
-            redis_urls,
+            topology: Topology::Static(redis_urls),
+            topology_interval: Duration::from_secs(5),
             database_url: database_url.into(),
             batch_size: 1000,
             claim: Duration::from_secs(30),
@@ -59,8 +68,8 @@ impl WriterConfig {
     /// Rejects settings the module or the loop cannot work with.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
-            !self.redis_urls.is_empty(),
-            "at least one Redis URL is needed"
+            !self.topology_interval.is_zero(),
+            "the topology interval must be positive"
         );
         anyhow::ensure!(
             (1..=10_000).contains(&self.batch_size),

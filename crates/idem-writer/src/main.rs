@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use idem_writer::duration::parse_duration;
-use idem_writer::WriterConfig;
+use idem_writer::{Topology, WriterConfig};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
@@ -25,8 +25,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply the migrations, then mirror every Redis primary until SIGTERM/SIGINT.
-    Run(RunArgs),
+    /// Apply the migrations, then mirror every Redis primary (a fixed list, a
+    /// cluster, or a Sentinel-managed primary) until SIGTERM/SIGINT.
+    Run(Box<RunArgs>),
     /// Apply the migrations and exit.
     Migrate {
         #[command(flatten)]
@@ -44,15 +45,41 @@ struct DatabaseArgs {
 }
 
 #[derive(Args)]
+#[command(group(ArgGroup::new("primaries").required(true).args(["redis_urls", "cluster_seeds", "sentinels"])))]
 struct RunArgs {
-    /// A Redis primary to mirror (repeat for each primary; REDIS_URL may hold a comma-separated list).
-    #[arg(
-        long = "redis",
-        env = "REDIS_URL",
-        required = true,
-        value_delimiter = ','
-    )]
+    /// A Redis primary to mirror, for good (repeat for each primary; REDIS_URL may hold a comma-separated list).
+    #[arg(long = "redis", env = "REDIS_URL", value_delimiter = ',')]
     redis_urls: Vec<String>,
+    /// Seed nodes of a Redis Cluster: its primaries are discovered and followed through failovers and reshards.
+    #[arg(
+        long = "redis-cluster",
+        env = "REDIS_CLUSTER_URL",
+        value_delimiter = ',',
+        conflicts_with = "redis_urls"
+    )]
+    cluster_seeds: Vec<String>,
+    /// A Sentinel to ask for the primary of --service-name (repeat or comma-separate several).
+    #[arg(
+        long = "sentinel",
+        env = "REDIS_SENTINEL_URL",
+        value_delimiter = ',',
+        conflicts_with_all = ["redis_urls", "cluster_seeds"],
+        requires = "service_name"
+    )]
+    sentinels: Vec<String>,
+    /// The Sentinel service (`sentinel monitor <name> ...`) whose primary is mirrored.
+    #[arg(
+        long,
+        env = "REDIS_SERVICE_NAME",
+        conflicts_with_all = ["redis_urls", "cluster_seeds"]
+    )]
+    service_name: Option<String>,
+    /// Scheme, credentials and /db for the Sentinel-named primary; its host:port is replaced.
+    #[arg(long, default_value = "redis://primary/0", requires = "sentinels")]
+    service_url: String,
+    /// How often a cluster's or Sentinel's primaries are discovered again (also soon after a node fails).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    topology_interval: Duration,
     #[command(flatten)]
     database: DatabaseArgs,
     /// Records per pull and per upsert (1..=10000).
@@ -113,7 +140,7 @@ async fn main() -> anyhow::Result<()> {
     // graceful path instead of killing the process.
     let shutdown = shutdown_signal()?;
     match cli.command {
-        Command::Run(args) => idem_writer::run(writer_config(args), shutdown).await,
+        Command::Run(args) => idem_writer::run(writer_config(*args), shutdown).await,
         Command::Migrate { database } => {
             let mut client = idem_writer::connect(&database.database_url).await?;
             idem_writer::migrate(&mut client).await?;
@@ -132,6 +159,16 @@ async fn main() -> anyhow::Result<()> {
 
 fn writer_config(args: RunArgs) -> WriterConfig {
     let mut config = WriterConfig::new(args.redis_urls, args.database.database_url);
+    if !args.cluster_seeds.is_empty() {
+        config.topology = Topology::Cluster(args.cluster_seeds);
+    } else if !args.sentinels.is_empty() {
+        config.topology = Topology::Sentinel {
+            sentinels: args.sentinels,
+            service_name: args.service_name.unwrap_or_default(),
+            service_url: args.service_url,
+        };
+    }
+    config.topology_interval = args.topology_interval;
     config.batch_size = args.batch_size;
     config.claim = Duration::from_millis(args.claim_ms);
     config.block = Duration::from_millis(args.block_ms);

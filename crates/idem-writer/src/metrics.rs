@@ -2,7 +2,8 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// What went wrong, as the `kind` label of `idem_writer_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,10 +26,12 @@ pub enum ErrorKind {
     RejectedRow,
     /// The cleanup job failed.
     Cleanup,
+    /// Discovering the primaries (cluster or Sentinel) failed.
+    Topology,
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 9] = [
+    const ALL: [ErrorKind; 10] = [
         ErrorKind::RedisConnect,
         ErrorKind::RedisPull,
         ErrorKind::RedisAck,
@@ -38,6 +41,7 @@ impl ErrorKind {
         ErrorKind::MalformedRecord,
         ErrorKind::RejectedRow,
         ErrorKind::Cleanup,
+        ErrorKind::Topology,
     ];
 
     pub fn label(self) -> &'static str {
@@ -51,6 +55,7 @@ impl ErrorKind {
             ErrorKind::MalformedRecord => "malformed_record",
             ErrorKind::RejectedRow => "rejected_row",
             ErrorKind::Cleanup => "cleanup",
+            ErrorKind::Topology => "topology",
         }
     }
 }
@@ -98,6 +103,8 @@ pub struct NodeMetrics {
     pub oldest_pending_ms: AtomicI64,
     /// The last Redis exchange of the mirror loop succeeded.
     pub up: AtomicBool,
+    /// The node is a primary being mirrored now (false once retired).
+    pub mirrored: AtomicBool,
 }
 
 impl NodeMetrics {
@@ -111,6 +118,7 @@ impl NodeMetrics {
             pending: AtomicI64::new(-1),
             oldest_pending_ms: AtomicI64::new(-1),
             up: AtomicBool::new(false),
+            mirrored: AtomicBool::new(false),
         }
     }
 }
@@ -118,7 +126,13 @@ impl NodeMetrics {
 /// All of the writer's metrics.
 #[derive(Debug)]
 pub struct Metrics {
-    pub nodes: Vec<NodeMetrics>,
+    /// Every node mirrored at some point, in the order first seen; a retired
+    /// node keeps its counters (and resumes them if it is mirrored again).
+    nodes: Mutex<Vec<Arc<NodeMetrics>>>,
+    /// Changes of the set of mirrored primaries, the first discovery included.
+    pub topology_changes: AtomicU64,
+    /// When the set last changed (Unix ms; 0 never).
+    pub topology_changed_at_ms: AtomicI64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     pub cleanup_rows_removed: AtomicU64,
     pub cleanup_runs: AtomicU64,
@@ -126,15 +140,54 @@ pub struct Metrics {
     pub postgres_up: AtomicBool,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Metrics {
-    pub fn new(node_labels: Vec<String>) -> Self {
+    pub fn new() -> Self {
         Metrics {
-            nodes: node_labels.into_iter().map(NodeMetrics::new).collect(),
+            nodes: Mutex::new(Vec::new()),
+            topology_changes: AtomicU64::new(0),
+            topology_changed_at_ms: AtomicI64::new(0),
             errors: Default::default(),
             cleanup_rows_removed: AtomicU64::new(0),
             cleanup_runs: AtomicU64::new(0),
             postgres_up: AtomicBool::new(false),
         }
+    }
+
+    fn node_list(&self) -> MutexGuard<'_, Vec<Arc<NodeMetrics>>> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The metrics of node `label`, created on first use.
+    pub fn node(&self, label: &str) -> Arc<NodeMetrics> {
+        let mut nodes = self.node_list();
+        if let Some(node) = nodes.iter().find(|n| n.node == label) {
+            return node.clone();
+        }
+        let node = Arc::new(NodeMetrics::new(label.to_string()));
+        nodes.push(node.clone());
+        node
+    }
+
+    /// A snapshot of every node's metrics.
+    pub fn nodes(&self) -> Vec<Arc<NodeMetrics>> {
+        self.node_list().clone()
+    }
+
+    /// Records that the set of mirrored primaries changed just now.
+    pub fn topology_changed(&self) {
+        self.topology_changes.fetch_add(1, Ordering::Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.topology_changed_at_ms.store(now, Ordering::Relaxed);
     }
 
     pub fn error(&self, kind: ErrorKind) {
@@ -154,13 +207,21 @@ impl Metrics {
             .map_or(0, |i| self.errors[i].load(Ordering::Relaxed))
     }
 
-    /// Healthy when Postgres and every node answered last time.
+    /// Healthy when Postgres and every mirrored node answered last time.
     pub fn unhealthy_parts(&self) -> Vec<String> {
         let mut down = Vec::new();
         if !self.postgres_up.load(Ordering::Relaxed) {
             down.push("postgres".to_string());
         }
-        for node in &self.nodes {
+        let nodes = self.nodes();
+        let mirrored: Vec<_> = nodes
+            .iter()
+            .filter(|n| n.mirrored.load(Ordering::Relaxed))
+            .collect();
+        if mirrored.is_empty() {
+            down.push("redis (no primary known)".to_string());
+        }
+        for node in mirrored {
             if !node.up.load(Ordering::Relaxed) {
                 down.push(format!("redis {}", node.node));
             }
@@ -171,13 +232,14 @@ impl Metrics {
     /// The Prometheus text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
+        let nodes = self.nodes();
         let per_node = |out: &mut String,
                         name: &str,
                         kind: &str,
                         help: &str,
                         f: &dyn Fn(&NodeMetrics) -> String| {
             header(out, name, kind, help);
-            for node in &self.nodes {
+            for node in &nodes {
                 let _ = writeln!(out, "{name}{{node=\"{}\"}} {}", escape(&node.node), f(node));
             }
         };
@@ -223,6 +285,13 @@ impl Metrics {
             "1 when the last exchange with the node succeeded.",
             &|n| u8::from(n.up.load(Ordering::Relaxed)).to_string(),
         );
+        per_node(
+            &mut out,
+            "idem_writer_node_mirrored",
+            "gauge",
+            "1 while the node is a primary being mirrored, 0 once retired (failover, shard removed).",
+            &|n| u8::from(n.mirrored.load(Ordering::Relaxed)).to_string(),
+        );
 
         let name = "idem_writer_batch_duration_seconds";
         header(
@@ -231,7 +300,7 @@ impl Metrics {
             "histogram",
             "Time from pull to acknowledgement of a non-empty batch.",
         );
-        for node in &self.nodes {
+        for node in &nodes {
             let label = escape(&node.node);
             let h = &node.batch_latency;
             for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&h.buckets) {
@@ -259,32 +328,46 @@ impl Metrics {
             );
         }
 
-        let name = "idem_writer_cleanup_rows_removed_total";
-        header(
+        let scalar = |out: &mut String, name: &str, kind: &str, help: &str, value: String| {
+            header(out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
+        };
+        let count = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
+        let flag = |f: &AtomicBool| u8::from(f.load(Ordering::Relaxed)).to_string();
+        scalar(
             &mut out,
-            name,
+            "idem_writer_cleanup_rows_removed_total",
             "counter",
             "Expired rows deleted by the cleanup job.",
+            count(&self.cleanup_rows_removed),
         );
-        let _ = writeln!(
-            out,
-            "{name} {}",
-            self.cleanup_rows_removed.load(Ordering::Relaxed)
-        );
-        let name = "idem_writer_cleanup_runs_total";
-        header(&mut out, name, "counter", "Completed cleanup runs.");
-        let _ = writeln!(out, "{name} {}", self.cleanup_runs.load(Ordering::Relaxed));
-        let name = "idem_writer_postgres_up";
-        header(
+        scalar(
             &mut out,
-            name,
+            "idem_writer_cleanup_runs_total",
+            "counter",
+            "Completed cleanup runs.",
+            count(&self.cleanup_runs),
+        );
+        scalar(
+            &mut out,
+            "idem_writer_topology_changes_total",
+            "counter",
+            "Changes of the set of mirrored primaries (the first discovery included).",
+            count(&self.topology_changes),
+        );
+        scalar(
+            &mut out,
+            "idem_writer_topology_last_change_timestamp_seconds",
+            "gauge",
+            "Unix time of the last change of the set of mirrored primaries (0 never).",
+            (self.topology_changed_at_ms.load(Ordering::Relaxed) as f64 / 1e3).to_string(),
+        );
+        scalar(
+            &mut out,
+            "idem_writer_postgres_up",
             "gauge",
             "1 when the last Postgres exchange succeeded.",
-        );
-        let _ = writeln!(
-            out,
-            "{name} {}",
-            u8::from(self.postgres_up.load(Ordering::Relaxed))
+            flag(&self.postgres_up),
         );
         out
     }
@@ -309,8 +392,9 @@ mod tests {
 
     #[test]
     fn renders_counters_histogram_and_errors() {
-        let metrics = Metrics::new(vec!["127.0.0.1:7000/0".into()]);
-        let node = &metrics.nodes[0];
+        let metrics = Metrics::new();
+        let node = metrics.node("127.0.0.1:7000/0");
+        node.mirrored.store(true, Ordering::Relaxed);
         node.records_mirrored.fetch_add(5, Ordering::Relaxed);
         node.batch_latency.observe(Duration::from_millis(3));
         node.batch_latency.observe(Duration::from_millis(30));
@@ -327,10 +411,31 @@ mod tests {
             .contains("idem_writer_batch_duration_seconds_count{node=\"127.0.0.1:7000/0\"} 2\n"));
         assert!(text.contains("idem_writer_errors_total{kind=\"invalid_key\"} 1\n"));
         assert!(text.contains("idem_writer_errors_total{kind=\"postgres\"} 0\n"));
+        assert!(text.contains("idem_writer_node_mirrored{node=\"127.0.0.1:7000/0\"} 1\n"));
         assert_eq!(
             metrics.unhealthy_parts(),
             vec!["postgres", "redis 127.0.0.1:7000/0"]
         );
+    }
+
+    #[test]
+    fn retired_nodes_keep_counters_but_leave_health() {
+        let metrics = Metrics::new();
+        metrics.postgres_up.store(true, Ordering::Relaxed);
+        assert_eq!(metrics.unhealthy_parts(), vec!["redis (no primary known)"]);
+        let old = metrics.node("10.0.0.1:7000/0");
+        old.records_mirrored.fetch_add(3, Ordering::Relaxed);
+        let new = metrics.node("10.0.0.2:7000/0");
+        new.mirrored.store(true, Ordering::Relaxed);
+        new.up.store(true, Ordering::Relaxed);
+        assert!(Arc::ptr_eq(&old, &metrics.node("10.0.0.1:7000/0")));
+        assert!(metrics.unhealthy_parts().is_empty());
+        metrics.topology_changed();
+        let text = metrics.render();
+        assert!(text.contains("idem_writer_node_mirrored{node=\"10.0.0.1:7000/0\"} 0\n"));
+        assert!(text.contains("idem_writer_records_mirrored_total{node=\"10.0.0.1:7000/0\"} 3\n"));
+        assert!(text.contains("idem_writer_topology_changes_total 1\n"));
+        assert!(!text.contains("idem_writer_topology_last_change_timestamp_seconds 0\n"));
     }
 
     #[test]

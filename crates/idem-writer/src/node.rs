@@ -4,14 +4,14 @@
 //! statement, and the acknowledger (a second connection) acknowledges the
 //! previous one. At most two batches of records are in memory (the one
 //! being committed and the next one), plus the keys of one being
-//! acknowledged.
+//! acknowledged. Redis failures are reported to the topology follower.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -36,11 +36,13 @@ pub struct NodeLoop {
     pub pull_node: RedisNode,
     /// Connection for the acknowledgements, never held up by a blocked pull.
     pub ack_node: RedisNode,
-    pub node_index: usize,
+    pub node: Arc<NodeMetrics>,
     pub pool: Pool,
     pub config: Arc<WriterConfig>,
     pub metrics: Arc<Metrics>,
     pub shutdown: Shutdown,
+    /// Notified on every Redis failure: the primaries may have changed.
+    pub suspect_topology: Arc<Notify>,
 }
 
 /// A pulled batch and when its reply arrived.
@@ -49,13 +51,14 @@ struct Batch {
     pulled_at: Instant,
 }
 
-/// Shared by both stages.
+/// Shared by the stages.
 struct Context {
     label: String,
-    node_index: usize,
+    node: Arc<NodeMetrics>,
     config: Arc<WriterConfig>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
+    suspect_topology: Arc<Notify>,
 }
 
 impl NodeLoop {
@@ -64,10 +67,11 @@ impl NodeLoop {
     pub async fn run(self) {
         let ctx = Context {
             label: self.pull_node.label().to_string(),
-            node_index: self.node_index,
+            node: self.node,
             config: self.config,
             metrics: self.metrics,
             shutdown: self.shutdown,
+            suspect_topology: self.suspect_topology,
         };
         let (batches, batches_rx) = mpsc::channel(1);
         let (committed, committed_rx) = mpsc::channel(1);
@@ -114,7 +118,7 @@ async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<
             }
         };
         let pulled_at = Instant::now();
-        ctx.node_metrics().up.store(true, Ordering::Relaxed);
+        ctx.node.up.store(true, Ordering::Relaxed);
         backoff.reset();
         match parse_pull_reply(reply) {
             Ok((records, rejected)) => {
@@ -177,7 +181,7 @@ async fn acknowledge_batches(
         if !acknowledge(ctx, &mut node, &done.acks).await {
             return;
         }
-        let metrics = ctx.node_metrics();
+        let metrics = &ctx.node;
         metrics
             .records_mirrored
             .fetch_add(done.acks.len() as u64, Ordering::Relaxed);
@@ -224,20 +228,31 @@ async fn commit(ctx: &Context, pool: &Pool, records: &[MirrorRecord]) -> Option<
 /// Acknowledges committed records, reconnecting with backoff while Redis
 /// fails. `false` when shutdown's grace ran out first: the records stay
 /// claimed until the claim lapses, then are pulled and upserted again (a
-/// no-op) and acknowledged.
+/// no-op) and acknowledged. Records that moved to another node, or a node
+/// that became a replica, need no acknowledgement here (see
+/// [`RedisNode::ack`]).
 async fn acknowledge(ctx: &Context, node: &mut RedisNode, acks: &[(String, i64)]) -> bool {
     let pairs: Vec<(&str, i64)> = acks.iter().map(|(k, t)| (k.as_str(), *t)).collect();
     let mut backoff = Backoff::new(ctx.config.retry_initial, ctx.config.retry_max);
     loop {
         match node.ack(&pairs).await {
-            Ok(replies) => {
-                ctx.node_metrics().up.store(true, Ordering::Relaxed);
-                let superseded = replies.iter().filter(|r| **r != 1).count();
-                if superseded > 0 {
+            Ok(acked) => {
+                ctx.node.up.store(true, Ordering::Relaxed);
+                if acked.superseded > 0 {
                     debug!(
                         node = ctx.label,
-                        superseded, "acks for records since expired or replaced"
+                        superseded = acked.superseded,
+                        "acks for records since expired or replaced"
                     );
+                }
+                if acked.moved > 0 || acked.demoted {
+                    info!(
+                        node = ctx.label,
+                        moved = acked.moved,
+                        demoted = acked.demoted,
+                        "records now served elsewhere are acknowledged there"
+                    );
+                    ctx.suspect_topology.notify_one();
                 }
                 return true;
             }
@@ -257,13 +272,10 @@ async fn acknowledge(ctx: &Context, node: &mut RedisNode, acks: &[(String, i64)]
 }
 
 impl Context {
-    fn node_metrics(&self) -> &NodeMetrics {
-        &self.metrics.nodes[self.node_index]
-    }
-
     fn redis_failed(&self, kind: ErrorKind, error: &redis::RedisError) {
         self.metrics.error(kind);
-        self.node_metrics().up.store(false, Ordering::Relaxed);
+        self.suspect_topology.notify_one();
+        self.node.up.store(false, Ordering::Relaxed);
         warn!(node = self.label, kind = kind.label(), %error, "Redis failed; retrying");
     }
 
@@ -299,13 +311,12 @@ impl Context {
 /// Reads `INFO idem` every `interval` into the node's pending gauges.
 pub async fn poll_mirror_info(
     mut node: RedisNode,
-    node_index: usize,
+    gauges: Arc<NodeMetrics>,
     metrics: Arc<Metrics>,
     interval: Duration,
     stop: CancellationToken,
 ) {
     loop {
-        let gauges = &metrics.nodes[node_index];
         match node.mirror_info().await {
             Ok((pending, oldest_ms)) => {
                 gauges.pending.store(pending, Ordering::Relaxed);

@@ -168,8 +168,19 @@ fn parse_response(fields: [Value; 8]) -> Result<Response, RecordError> {
         headers,
         created_at_ms: timestamp(created, "created_at")?,
         completed_at_ms: timestamp(completed, "completed_at")?,
-        expires_at_ms: timestamp(expires, "expires_at")?,
+        expires_at_ms: expiry(expires)?,
     })
+}
+
+/// Rows of records whose Redis key has no TTL (the module reports -1 after
+/// `PERSIST`) are kept until 9999-12-31: cleanup never reaches them.
+pub const NEVER_EXPIRES_MS: i64 = 253_402_300_799_000;
+
+fn expiry(value: Value) -> Result<i64, RecordError> {
+    match int(value.clone(), "expires_at")? {
+        -1 => Ok(NEVER_EXPIRES_MS),
+        _ => timestamp(value, "expires_at"),
+    }
 }
 
 fn malformed(what: impl Into<String>) -> RecordError {
@@ -232,6 +243,13 @@ mod tests {
     }
 
     const FP: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn a_record_without_ttl_never_expires() {
+        assert_eq!(expiry(Value::Int(-1)), Ok(NEVER_EXPIRES_MS));
+        assert_eq!(expiry(Value::Int(5)), Ok(5));
+        assert!(expiry(Value::Int(-2)).is_err());
+    }
 
     #[test]
     fn parses_a_record_with_binary_body_and_headers() {

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, Value};
+
+use crate::topology::Target;
 
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -20,9 +22,10 @@ pub struct RedisNode {
 
 impl RedisNode {
     /// `block` is the longest BLOCK this connection will be asked to wait.
-    pub fn open(url: &str, block: Duration) -> anyhow::Result<Self> {
-        let client = Client::open(url).map_err(|e| anyhow::anyhow!("invalid Redis URL: {e}"))?;
-        let label = node_label(&client);
+    pub fn open(target: &Target, block: Duration) -> anyhow::Result<Self> {
+        let client = Client::open(target.info.clone())
+            .map_err(|e| anyhow::anyhow!("invalid Redis address {}: {e}", target.label))?;
+        let label = target.label.clone();
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(CONNECT_TIMEOUT)
             .set_response_timeout(block + RESPONSE_SLACK);
@@ -87,22 +90,65 @@ impl RedisNode {
         result
     }
 
-    /// Pipelined `IDEM.MIRROR.ACK key token` for each pair; the replies (1
-    /// acknowledged, 0 the key is gone or holds another token).
-    pub async fn ack(&mut self, acks: &[(&str, i64)]) -> RedisResult<Vec<i64>> {
+    /// Pipelined `IDEM.MIRROR.ACK key token` for each pair. A key whose
+    /// slot moved to another node (`MOVED`/`ASK`: a reshard took the record,
+    /// pending, along) is skipped, and a node that became a replica
+    /// (`READONLY`) ends the batch: either way the record is pending where it
+    /// is now, and is pulled, upserted (a no-op) and acknowledged there.
+    pub async fn ack(&mut self, acks: &[(&str, i64)]) -> RedisResult<Acked> {
         if acks.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Acked::default());
         }
         let mut pipe = redis::pipe();
         for (key, token) in acks {
             pipe.cmd("IDEM.MIRROR.ACK").arg(*key).arg(*token);
         }
-        let result = match self.connection().await {
+        let result: RedisResult<Vec<i64>> = match self.connection().await {
             Ok(conn) => pipe.query_async(conn).await,
             Err(e) => Err(e),
         };
         self.forget_on_error(&result);
-        result
+        match result {
+            Ok(replies) => Ok(Acked {
+                superseded: replies.iter().filter(|r| **r != 1).count(),
+                ..Acked::default()
+            }),
+            Err(e) if e.kind() == ErrorKind::ReadOnly => Ok(Acked {
+                demoted: true,
+                ..Acked::default()
+            }),
+            // The pipeline's first error hides the other replies: one by one.
+            Err(e) if matches!(e.kind(), ErrorKind::Moved | ErrorKind::Ask) => {
+                self.ack_each(acks).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn ack_each(&mut self, acks: &[(&str, i64)]) -> RedisResult<Acked> {
+        let mut acked = Acked::default();
+        for (key, token) in acks {
+            let mut cmd = redis::cmd("IDEM.MIRROR.ACK");
+            cmd.arg(*key).arg(*token);
+            let result: RedisResult<i64> = match self.connection().await {
+                Ok(conn) => cmd.query_async(conn).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(1) => {}
+                Ok(_) => acked.superseded += 1,
+                Err(e) if matches!(e.kind(), ErrorKind::Moved | ErrorKind::Ask) => acked.moved += 1,
+                Err(e) if e.kind() == ErrorKind::ReadOnly => {
+                    acked.demoted = true;
+                    return Ok(acked);
+                }
+                Err(e) => {
+                    self.conn = None;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(acked)
     }
 
     /// `(idem_mirror_pending, idem_mirror_oldest_pending_ms)` from `INFO idem`
@@ -122,14 +168,19 @@ impl RedisNode {
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+/// What became of a batch of acknowledgements.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Acked {
+    /// Answered 0: the key expired or holds a newer token.
+    pub superseded: usize,
+    /// The key's slot is served by another node now.
+    pub moved: usize,
+    /// The node is a replica now; the rest of the batch was not sent.
+    pub demoted: bool,
 }
 
-/// `host:port/db` of a client's connection info.
-fn node_label(client: &Client) -> String {
-    let info = client.get_connection_info();
-    format!("{}/{}", info.addr, info.redis.db)
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// An integer field `name:value` of an INFO section.
@@ -150,12 +201,5 @@ mod tests {
         assert_eq!(info_field(text, "idem_mirror_pending"), Some(12));
         assert_eq!(info_field(text, "idem_mirror_oldest_pending_ms"), Some(340));
         assert_eq!(info_field(text, "idem_mirror"), None);
-    }
-
-    #[test]
-    fn labels_hide_credentials() {
-        let node = RedisNode::open("redis://:secret@10.0.0.5:7001/2", Duration::from_secs(1))
-            .expect("valid url");
-        assert_eq!(node.label(), "10.0.0.5:7001/2");
     }
 }

@@ -1,5 +1,6 @@
-//! `run`: migrations, one mirror loop per Redis primary, the cleanup
-//! schedule and the metrics server, until shutdown.
+//! `run`: migrations, one mirror per Redis primary (following the
+//! topology when it is a cluster or Sentinel-managed), the cleanup schedule
+//! and the metrics server, until shutdown.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use deadpool_postgres::Pool;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -17,32 +19,29 @@ use crate::cleanup::delete_expired;
 use crate::config::WriterConfig;
 use crate::metrics::{ErrorKind, Metrics};
 use crate::migrate::migrate;
-use crate::node::{poll_mirror_info, sleep_unless, NodeLoop, Shutdown};
-use crate::redis_node::RedisNode;
+use crate::mirrors::Mirrors;
+use crate::node::{sleep_unless, Shutdown};
+use crate::topology::Discovery;
 
 /// Longest wait before retrying a failed cleanup run.
 const CLEANUP_RETRY: Duration = Duration::from_secs(60);
 /// How long opening the migration connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Shortest time between two discoveries prompted by node failures.
+const REDISCOVERY_GAP: Duration = Duration::from_millis(200);
 
-/// Mirrors every configured Redis primary into Postgres until `shutdown`
-/// completes, then finishes (commits and acknowledges) the batches in hand
-/// and returns `Ok`. Applies the migrations first, waiting for Postgres.
+/// Mirrors every Redis primary into Postgres until `shutdown` completes,
+/// then finishes (commits and acknowledges) the batches in hand and returns
+/// `Ok`. Applies the migrations first, waiting for Postgres.
 pub async fn run(
     config: WriterConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     config.validate()?;
+    let mut discovery = Discovery::new(&config.topology)?;
     let config = Arc::new(config);
-    let nodes = config
-        .redis_urls
-        .iter()
-        .map(|url| RedisNode::open(url, config.block))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let metrics = Arc::new(Metrics::new(
-        nodes.iter().map(|n| n.label().to_string()).collect(),
-    ));
-    let pool = crate::postgres::pool(&config.database_url, nodes.len() + 1)?;
+    let metrics = Arc::new(Metrics::new());
+    let pool = crate::postgres::pool(&config.database_url, config.topology.postgres_connections())?;
     let shutdown_stages = Shutdown {
         stop: CancellationToken::new(),
         abort: CancellationToken::new(),
@@ -66,29 +65,10 @@ pub async fn run(
         }
     }
 
+    let suspect_topology = Arc::new(Notify::new());
     let mut tasks = JoinSet::new();
-    for (node_index, pull_node) in nodes.into_iter().enumerate() {
-        let url = &config.redis_urls[node_index];
-        tasks.spawn(poll_mirror_info(
-            RedisNode::open(url, Duration::ZERO)?,
-            node_index,
-            metrics.clone(),
-            config.info_interval,
-            shutdown_stages.stop.clone(),
-        ));
-        info!(node = pull_node.label(), "mirroring");
-        tasks.spawn(
-            NodeLoop {
-                pull_node,
-                ack_node: RedisNode::open(url, Duration::ZERO)?,
-                node_index,
-                pool: pool.clone(),
-                config: config.clone(),
-                metrics: metrics.clone(),
-                shutdown: shutdown_stages.clone(),
-            }
-            .run(),
-        );
+    if let Discovery::Sentinel(sentinel) = &discovery {
+        tasks.spawn(sentinel.watch(suspect_topology.clone(), shutdown_stages.stop.clone()));
     }
     if let Some(interval) = config.cleanup_interval {
         tasks.spawn(cleanup_schedule(
@@ -99,16 +79,24 @@ pub async fn run(
             shutdown_stages.stop.clone(),
         ));
     }
+    let mut mirrors = Mirrors::new(
+        pool,
+        config.clone(),
+        metrics.clone(),
+        shutdown_stages.clone(),
+        suspect_topology.clone(),
+    );
 
-    let outcome = tokio::select! {
-        () = &mut shutdown => {
-            info!("shutting down: finishing the batches in hand");
-            Ok(())
-        }
-        Some(ended) = tasks.join_next() => {
-            Err(anyhow::anyhow!("a writer task ended unexpectedly: {ended:?}"))
-        }
-    };
+    let outcome = follow_topology(
+        &mut discovery,
+        &mut mirrors,
+        &config,
+        &metrics,
+        &suspect_topology,
+        &mut tasks,
+        &mut shutdown,
+    )
+    .await;
     shutdown_stages.stop.cancel();
     let abort = shutdown_stages.abort.clone();
     let grace = config.shutdown_grace;
@@ -116,6 +104,7 @@ pub async fn run(
         tokio::time::sleep(grace).await;
         abort.cancel();
     });
+    mirrors.finish().await;
     while let Some(ended) = tasks.join_next().await {
         if let Err(join_error) = ended {
             error!(%join_error, "a writer task failed");
@@ -127,6 +116,65 @@ pub async fn run(
     }
     info!("stopped");
     outcome
+}
+
+/// Discovers the primaries and keeps the mirrors equal to them: again every
+/// `topology_interval`, and soon after a node fails (a failover shows first
+/// as errors from the old primary). Returns at shutdown (`Ok`) or when a
+/// task ends unexpectedly (`Err`).
+async fn follow_topology(
+    discovery: &mut Discovery,
+    mirrors: &mut Mirrors,
+    config: &WriterConfig,
+    metrics: &Metrics,
+    suspect_topology: &Notify,
+    tasks: &mut JoinSet<()>,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> anyhow::Result<()> {
+    let follows = discovery.follows();
+    let mut retry = Backoff::new(config.retry_initial, config.topology_interval);
+    loop {
+        let found = tokio::select! {
+            found = discovery.primaries() => found,
+            () = &mut *shutdown => break,
+        };
+        let next = match found.and_then(|targets| mirrors.reconcile(targets)) {
+            Ok(changed) => {
+                retry.reset();
+                if changed {
+                    metrics.topology_changed();
+                }
+                follows.then_some(config.topology_interval)
+            }
+            Err(error) => {
+                metrics.error(ErrorKind::Topology);
+                warn!(
+                    error = format!("{error:#}"),
+                    "discovering the primaries failed"
+                );
+                Some(retry.next_delay())
+            }
+        };
+        let wait = async {
+            match next {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = wait => {}
+            () = suspect_topology.notified(), if follows => {
+                tokio::time::sleep(REDISCOVERY_GAP).await;
+            }
+            () = &mut *shutdown => break,
+            error = mirrors.unexpected_end() => return Err(error),
+            Some(ended) = tasks.join_next() => {
+                return Err(anyhow::anyhow!("a writer task ended unexpectedly: {ended:?}"));
+            }
+        }
+    }
+    info!("shutting down: finishing the batches in hand");
+    Ok(())
 }
 
 /// Applies the migrations, waiting (with backoff) while Postgres cannot be

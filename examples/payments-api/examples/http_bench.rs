@@ -1,12 +1,13 @@
 //! HTTP load generator: the payments API without the idempotency layer, with
-//! it (read-through off), with it and read-through on, and replays of one
-//! key, served in-process on real TCP and measured in one run, rounds
-//! interleaved. Every request carries a fresh key (except the replay
-//! variant). Prints throughput ratios and added p50/p99 latency.
+//! it (read-through off), with it and the Postgres fence, the same two with
+//! read-through on, and replays of one key, served in-process on real TCP and
+//! measured in one run, rounds interleaved. Every request carries a fresh key
+//! (except the replay variant). Prints throughput ratios and added p50/p99
+//! latency.
 //!
 //! Settings (env): BENCH_SECONDS per variant and round (2), BENCH_ROUNDS (5),
-//! BENCH_CONCURRENCY (32), BENCH_VARIANTS (all of plain,layer,read-through,
-//! replay; a subset is for profiling). Besides the totals, the median over rounds of the
+//! BENCH_CONCURRENCY (32), BENCH_VARIANTS (all of plain,layer,fence,
+//! read-through,fence-read-through,replay; a subset is for profiling). Besides the totals, the median over rounds of the
 //! per-round throughput ratio is printed: it resists bursts of load from
 //! other processes on the machine. Needs redis-server, the built module and Postgres
 //! (DATABASE_URL or the local one), like the tests.
@@ -23,15 +24,19 @@ use tokio::sync::oneshot;
 enum Variant {
     Plain,
     Layer,
+    Fence,
     LayerReadThrough,
+    FenceReadThrough,
     Replay,
 }
 
 impl Variant {
-    const ALL: [Variant; 4] = [
+    const ALL: [Variant; 6] = [
         Variant::Plain,
         Variant::Layer,
+        Variant::Fence,
         Variant::LayerReadThrough,
+        Variant::FenceReadThrough,
         Variant::Replay,
     ];
 
@@ -39,7 +44,9 @@ impl Variant {
         match self {
             Variant::Plain => "plain",
             Variant::Layer => "layer",
+            Variant::Fence => "fence",
             Variant::LayerReadThrough => "read-through",
+            Variant::FenceReadThrough => "fence-read-through",
             Variant::Replay => "replay",
         }
     }
@@ -48,9 +55,18 @@ impl Variant {
         match self {
             Variant::Plain => "without layer",
             Variant::Layer => "layer, read-through off",
+            Variant::Fence => "layer + fence, r-t off",
             Variant::LayerReadThrough => "layer, read-through on",
+            Variant::FenceReadThrough => "layer + fence, r-t on",
             Variant::Replay => "layer, replay of one key",
         }
+    }
+
+    fn index(self) -> usize {
+        Variant::ALL
+            .iter()
+            .position(|v| *v == self)
+            .expect("listed")
     }
 }
 
@@ -113,18 +129,24 @@ async fn main() -> anyhow::Result<()> {
     let database = PgDatabase::create();
     let pool = db::pool(&database.url, 32)?;
     db::migrate(&pool).await?;
-    idem_writer::migrate(&mut database.connect().await).await?;
-    let state = AppState::new(pool.clone());
+    let unfenced = AppState::new(pool.clone()).with_fence(false);
+    let fenced = AppState::new(pool.clone()).with_fence(true);
+    let layer = idempotency_layer(&redis_url, None).await?;
+    let layer_read_through = idempotency_layer(&redis_url, Some(pool.clone())).await?;
 
-    let plain = routes(state.clone());
-    let layered = app(state.clone(), idempotency_layer(&redis_url, None).await?);
-    let read_through = app(
-        state,
-        idempotency_layer(&redis_url, Some(pool.clone())).await?,
-    );
+    // In the order of Variant::ALL.
+    let layered = app(unfenced.clone(), layer.clone());
+    let routers = [
+        routes(unfenced.clone()),
+        layered.clone(),
+        app(fenced.clone(), layer),
+        app(unfenced, layer_read_through.clone()),
+        app(fenced, layer_read_through),
+        layered,
+    ];
     let mut stops = Vec::new();
     let mut bases = Vec::new();
-    for router in [plain, layered.clone(), read_through, layered] {
+    for router in routers {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         bases.push(format!("http://{}/payments", listener.local_addr()?));
         let (stop, stopped) = oneshot::channel::<()>();
@@ -138,7 +160,7 @@ async fn main() -> anyhow::Result<()> {
         .pool_max_idle_per_host(concurrency)
         .build()?;
     // The one key every replay request repeats.
-    let seeded = post(&http, &bases[3], Some("bench-replay")).await;
+    let seeded = post(&http, &bases[Variant::Replay.index()], Some("bench-replay")).await;
     anyhow::ensure!(seeded == Some(201), "seeding the replay key: {seeded:?}");
 
     println!(
@@ -154,10 +176,10 @@ async fn main() -> anyhow::Result<()> {
     let selected = std::env::var("BENCH_VARIANTS").unwrap_or_default();
     let selected: Vec<&str> = selected.split(',').filter(|s| !s.is_empty()).collect();
     let wanted = |variant: Variant| selected.is_empty() || selected.contains(&variant.name());
-    let mut round_ratios: Vec<Vec<f64>> = Variant::ALL.iter().map(|_| Vec::new()).collect();
+    // Per variant, the throughput of each round.
+    let mut round_rps: Vec<Vec<f64>> = Variant::ALL.iter().map(|_| Vec::new()).collect();
     let sequence = AtomicU64::new(0);
     for round in 0..rounds {
-        let mut plain_rps = f64::NAN;
         for (index, variant) in Variant::ALL.into_iter().enumerate() {
             if !wanted(variant) {
                 continue;
@@ -190,10 +212,7 @@ async fn main() -> anyhow::Result<()> {
                 variant.label(),
                 measured.throughput()
             );
-            if variant == Variant::Plain {
-                plain_rps = measured.throughput();
-            }
-            round_ratios[index].push(measured.throughput() / plain_rps);
+            round_rps[index].push(measured.throughput());
             let total = &mut results[index];
             total.latencies_us.extend(measured.latencies_us);
             total.elapsed += measured.elapsed;
@@ -227,22 +246,61 @@ async fn main() -> anyhow::Result<()> {
         );
         figures.push((rps, p50, p99));
     }
-    let (base_rps, base_p50, base_p99) = figures[0];
+    // Throughput of `a` relative to `b`: overall, and the median of the
+    // per-round ratios.
+    let ratio = |a: Variant, b: Variant| {
+        let (a, b) = (a.index(), b.index());
+        let mut per_round: Vec<f64> = round_rps[a]
+            .iter()
+            .zip(&round_rps[b])
+            .map(|(x, y)| x / y)
+            .collect();
+        (figures[a].0 / figures[b].0, median(&mut per_round))
+    };
     println!();
-    for (index, name) in [(1, "read-through off"), (2, "read-through on")] {
-        let (rps, p50, p99) = figures[index];
+    for (variant, name, target) in [
+        (
+            Variant::Layer,
+            "layer (read-through off)",
+            "; target >= 0.8x",
+        ),
+        (Variant::LayerReadThrough, "layer (read-through on)", ""),
+        (Variant::Fence, "layer + fence (read-through off)", ""),
+        (
+            Variant::FenceReadThrough,
+            "layer + fence (read-through on)",
+            "",
+        ),
+    ] {
+        let (overall, rounds) = ratio(variant, Variant::Plain);
+        let (_, p50, p99) = figures[variant.index()];
+        let (_, base_p50, base_p99) = figures[0];
         println!(
-            "layer ({name}): throughput {:.2}x of without (median of rounds {:.2}x; target >= 0.8x \
-             with read-through off), added latency p50 {:+.2} ms, p99 {:+.2} ms",
-            rps / base_rps,
-            median(&mut round_ratios[index]),
+            "{name}: throughput {overall:.2}x of without (median of rounds {rounds:.2}x{target}), \
+             added latency p50 {:+.2} ms, p99 {:+.2} ms",
             p50 - base_p50,
             p99 - base_p99
         );
     }
+    for (fence, layer, name) in [
+        (Variant::Fence, Variant::Layer, "read-through off"),
+        (
+            Variant::FenceReadThrough,
+            Variant::LayerReadThrough,
+            "read-through on",
+        ),
+    ] {
+        let (overall, rounds) = ratio(fence, layer);
+        println!(
+            "fence vs the same layer without it ({name}): throughput {overall:.2}x \
+             (median of rounds {rounds:.2}x; target >= 0.85x), added latency p50 {:+.2} ms, p99 {:+.2} ms",
+            figures[fence.index()].1 - figures[layer.index()].1,
+            figures[fence.index()].2 - figures[layer.index()].2
+        );
+    }
     println!(
         "replay of one key: {:.2}x the throughput of a new payment without the layer",
-        figures[3].0 / base_rps
+        ratio(Variant::Replay, Variant::Plain).0
     );
     let rows: i64 = pool
         .get()

@@ -1,6 +1,6 @@
 //! Settings from the environment: `REDIS_URL`, `DATABASE_URL`, `PORT`,
 //! `READ_THROUGH`, `WAIT_MS`, `LEASE_MS`, `PG_POOL_SIZE`,
-//! `PROCESSOR_DELAY_MS`.
+//! `PROCESSOR_DELAY_MS`, `FENCE`.
 
 use std::time::Duration;
 
@@ -19,6 +19,8 @@ pub struct Settings {
     pub pool_size: usize,
     /// Simulated payment-processor latency per new payment (demo; 0 = none).
     pub processor_delay: Duration,
+    /// Commit each new payment with its idempotency row (the fence) [on].
+    pub fence: bool,
 }
 
 impl Settings {
@@ -37,11 +39,8 @@ impl Settings {
                 .with_context(|| format!("PORT={p:?} is not a port"))?,
             None => 8080,
         };
-        let read_through = match get("READ_THROUGH").as_deref() {
-            None | Some("1" | "true" | "on") => true,
-            Some("0" | "false" | "off") => false,
-            Some(other) => bail!("READ_THROUGH={other:?}: use on or off"),
-        };
+        let read_through = switch(&get, "READ_THROUGH")?;
+        let fence = switch(&get, "FENCE")?;
         let wait = millis(&get, "WAIT_MS")?.filter(|w| !w.is_zero());
         let lease = millis(&get, "LEASE_MS")?.unwrap_or(Duration::from_secs(30));
         let pool_size = match get("PG_POOL_SIZE") {
@@ -58,7 +57,17 @@ impl Settings {
             wait,
             lease,
             pool_size,
+            fence,
         })
+    }
+}
+
+/// An on/off setting, on when unset.
+fn switch(get: &impl Fn(&str) -> Option<String>, name: &str) -> anyhow::Result<bool> {
+    match get(name).as_deref() {
+        None | Some("1" | "true" | "on") => Ok(true),
+        Some("0" | "false" | "off") => Ok(false),
+        Some(other) => bail!("{name}={other:?}: use on or off"),
     }
 }
 
@@ -91,6 +100,7 @@ mod tests {
         assert_eq!(s.port, 8080);
         assert_eq!(s.redis_url, "redis://127.0.0.1:6390/");
         assert!(s.read_through);
+        assert!(s.fence);
         assert_eq!(s.wait, None);
     }
 
@@ -101,13 +111,16 @@ mod tests {
             ("PORT", "9000"),
             ("READ_THROUGH", "off"),
             ("WAIT_MS", "5000"),
+            ("FENCE", "off"),
         ])
         .unwrap();
+        assert!(!s.fence);
         assert_eq!(s.port, 9000);
         assert!(!s.read_through);
         assert_eq!(s.wait, Some(Duration::from_secs(5)));
         assert!(settings(&[]).is_err());
         assert!(settings(&[("DATABASE_URL", "x"), ("PORT", "http")]).is_err());
         assert!(settings(&[("DATABASE_URL", "x"), ("READ_THROUGH", "maybe")]).is_err());
+        assert!(settings(&[("DATABASE_URL", "x"), ("FENCE", "maybe")]).is_err());
     }
 }

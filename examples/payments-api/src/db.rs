@@ -1,5 +1,5 @@
 //! The example's Postgres side: connection pool, its own migration (the
-//! `payments` table) and the two queries.
+//! `payments` table) and its queries.
 
 use std::time::Duration;
 
@@ -56,9 +56,13 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
         .context("build the Postgres pool")
 }
 
-/// Creates the `payments` table when missing; safe to run concurrently.
+/// Creates the `payments` table and the writer's `idempotency_keys` (the
+/// fence writes it too) when missing; safe to run concurrently.
 pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     let mut client = pool.get().await.context("connect to Postgres")?;
+    idem_writer::migrate(&mut client)
+        .await
+        .context("migrate idempotency_keys")?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_ID])
         .await?;
@@ -69,21 +73,14 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn insert_payment(
-    pool: &Pool,
-    amount: i64,
-    currency: &str,
-    recipient: &str,
-) -> anyhow::Result<Payment> {
-    let client = pool.get().await?;
-    let sql = format!(
+fn insert_sql() -> String {
+    format!(
         "INSERT INTO payments (amount, currency, recipient) VALUES ($1, $2, $3) \
          RETURNING id, amount, currency, recipient, {CREATED_AT}"
-    );
-    let statement = client.prepare_cached(&sql).await?;
-    let row = client
-        .query_one(&statement, &[&amount, &currency, &recipient])
-        .await?;
+    )
+}
+
+fn payment_from_row(row: &tokio_postgres::Row) -> anyhow::Result<Payment> {
     Ok(Payment {
         id: row.try_get(0)?,
         amount: row.try_get(1)?,
@@ -91,6 +88,36 @@ pub async fn insert_payment(
         recipient: row.try_get(3)?,
         created_at: row.try_get(4)?,
     })
+}
+
+/// Inserts a payment in its own (implicit) transaction.
+pub async fn insert_payment(
+    pool: &Pool,
+    amount: i64,
+    currency: &str,
+    recipient: &str,
+) -> anyhow::Result<Payment> {
+    let client = pool.get().await?;
+    let statement = client.prepare_cached(&insert_sql()).await?;
+    let row = client
+        .query_one(&statement, &[&amount, &currency, &recipient])
+        .await?;
+    payment_from_row(&row)
+}
+
+/// Inserts a payment inside `tx` (the fenced path: it commits with the
+/// idempotency row).
+pub async fn insert_payment_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    amount: i64,
+    currency: &str,
+    recipient: &str,
+) -> anyhow::Result<Payment> {
+    let statement = tx.prepare_cached(&insert_sql()).await?;
+    let row = tx
+        .query_one(&statement, &[&amount, &currency, &recipient])
+        .await?;
+    payment_from_row(&row)
 }
 
 pub async fn find_payment(pool: &Pool, id: i64) -> anyhow::Result<Option<Payment>> {
@@ -101,11 +128,5 @@ pub async fn find_payment(pool: &Pool, id: i64) -> anyhow::Result<Option<Payment
     let Some(row) = client.query_opt(&statement, &[&id]).await? else {
         return Ok(None);
     };
-    Ok(Some(Payment {
-        id: row.try_get(0)?,
-        amount: row.try_get(1)?,
-        currency: row.try_get(2)?,
-        recipient: row.try_get(3)?,
-        created_at: row.try_get(4)?,
-    }))
+    payment_from_row(&row).map(Some)
 }

@@ -1,6 +1,7 @@
 //! Example payments API: axum routes for `POST /payments` and
 //! `GET /payments/{id}`, wrapped in the idem `Idempotency-Key` layer with
-//! Postgres read-through. Built as a library so tests and the benchmark run
+//! Postgres read-through; new payments commit with their idempotency row (the
+//! fence). Built as a library so tests and the benchmark run
 //! it in-process.
 
 pub mod config;
@@ -29,6 +30,8 @@ pub struct AppState {
     pub db: Pool,
     /// Simulated payment-processor latency before each new payment (demo).
     pub processor_delay: Duration,
+    /// New payments commit with their idempotency row (the fence) [on].
+    pub fence: bool,
 }
 
 impl AppState {
@@ -36,7 +39,13 @@ impl AppState {
         AppState {
             db,
             processor_delay: Duration::ZERO,
+            fence: true,
         }
+    }
+
+    pub fn with_fence(mut self, fence: bool) -> Self {
+        self.fence = fence;
+        self
     }
 
     pub fn with_processor_delay(mut self, delay: Duration) -> Self {

@@ -19,7 +19,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(wait) = settings.wait {
         layer = layer.wait_for_result(wait);
     }
-    let state = AppState::new(pool).with_processor_delay(settings.processor_delay);
+    let state = AppState::new(pool)
+        .with_processor_delay(settings.processor_delay)
+        .with_fence(settings.fence);
     let router = app(state, layer);
     let address = ("127.0.0.1", settings.port);
     let listener = tokio::net::TcpListener::bind(address)
@@ -28,6 +30,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(
         port = settings.port,
         read_through = settings.read_through,
+        fence = settings.fence,
         "payments API listening on http://127.0.0.1:{}",
         settings.port
     );

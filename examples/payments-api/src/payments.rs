@@ -1,11 +1,14 @@
 //! The HTTP handlers: `POST /payments` (validate, insert one row, 201) and
-//! `GET /payments/{id}`.
+//! `GET /payments/{id}`. With the fence (the default), the payment row and the
+//! idempotency row commit in one transaction.
 
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use bytes::Bytes;
+use idem_client::middleware::IDEMPOTENT_REPLAYED;
+use idem_client::{Claim, Fence, StoredResponse};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -40,7 +43,11 @@ impl NewPayment {
     }
 }
 
-pub async fn create_payment(State(state): State<AppState>, body: Bytes) -> Response {
+pub async fn create_payment(
+    State(state): State<AppState>,
+    fence: Option<Extension<Fence>>,
+    body: Bytes,
+) -> Response {
     let value: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(value) => value,
         Err(err) => return error(StatusCode::BAD_REQUEST, "invalid_json", &err.to_string()),
@@ -62,29 +69,118 @@ pub async fn create_payment(State(state): State<AppState>, body: Bytes) -> Respo
             violation,
         );
     }
+    let recipient = request.recipient.trim();
+    match fence {
+        Some(Extension(fence)) if state.fence => {
+            create_fenced(&state, &fence, &request, recipient).await
+        }
+        _ => create_unfenced(&state, &request, recipient).await,
+    }
+}
+
+/// The payment and its idempotency row in one transaction.
+async fn create_fenced(
+    state: &AppState,
+    fence: &Fence,
+    request: &NewPayment,
+    recipient: &str,
+) -> Response {
+    let result = async {
+        let mut client = state.db.get().await?;
+        let tx = client.transaction().await?;
+        match fence.claim(&tx).await? {
+            Claim::Proceed => {}
+            other => return Ok(claim_answer(other)),
+        }
+        processor(state).await;
+        let payment =
+            db::insert_payment_in(&tx, request.amount, &request.currency, recipient).await?;
+        let created = created(&payment)?;
+        fence.commit(tx, &created).await?;
+        anyhow::Ok(http(&created))
+    };
+    result.await.unwrap_or_else(|err| {
+        tracing::error!(error = %err, "fenced payment");
+        internal("the payment could not be stored")
+    })
+}
+
+async fn create_unfenced(state: &AppState, request: &NewPayment, recipient: &str) -> Response {
+    processor(state).await;
+    let payment =
+        match db::insert_payment(&state.db, request.amount, &request.currency, recipient).await {
+            Ok(payment) => payment,
+            Err(err) => {
+                tracing::error!(error = %err, "insert payment");
+                return internal("the payment could not be stored");
+            }
+        };
+    match created(&payment) {
+        Ok(created) => http(&created),
+        Err(err) => {
+            tracing::error!(error = %err, "encode payment");
+            internal("the payment could not be encoded")
+        }
+    }
+}
+
+/// Stands in for the call to a payment processor (demo latency).
+async fn processor(state: &AppState) {
     if !state.processor_delay.is_zero() {
-        // Stands in for the call to a payment processor.
         tokio::time::sleep(state.processor_delay).await;
     }
-    let recipient = request.recipient.trim();
-    match db::insert_payment(&state.db, request.amount, &request.currency, recipient).await {
-        Ok(payment) => {
-            let location = format!("/payments/{}", payment.id);
-            let mut response = (StatusCode::CREATED, Json(payment)).into_response();
-            if let Ok(location) = HeaderValue::from_str(&location) {
-                response.headers_mut().insert(header::LOCATION, location);
-            }
-            response
-        }
-        Err(err) => {
-            tracing::error!(error = %err, "insert payment");
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the payment could not be stored",
-            )
+}
+
+/// The 201 for a new payment, as stored and as sent.
+fn created(payment: &db::Payment) -> anyhow::Result<StoredResponse> {
+    Ok(StoredResponse::new(201, serde_json::to_vec(payment)?)
+        .with_header(header::CONTENT_TYPE.as_str(), "application/json")
+        .with_header(
+            header::LOCATION.as_str(),
+            format!("/payments/{}", payment.id),
+        ))
+}
+
+fn http(stored: &StoredResponse) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, stored.body.clone()).into_response();
+    for (name, value) in &stored.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            response.headers_mut().insert(name, value);
         }
     }
+    response
+}
+
+/// What the handler answers when the claim did not proceed (the middleware
+/// gives the same answers; without it these stand).
+fn claim_answer(claim: Claim) -> Response {
+    match claim {
+        Claim::Replay(stored) => {
+            let mut response = http(&stored);
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            response
+        }
+        Claim::Mismatch => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            "the key was used for another request",
+        ),
+        Claim::InFlight | Claim::Proceed => error(
+            StatusCode::CONFLICT,
+            "idempotency_key_in_use",
+            "a request with this key is being processed",
+        ),
+    }
+}
+
+fn internal(message: &str) -> Response {
+    error(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
 }
 
 pub async fn get_payment(State(state): State<AppState>, Path(id): Path<i64>) -> Response {
@@ -97,11 +193,7 @@ pub async fn get_payment(State(state): State<AppState>, Path(id): Path<i64>) -> 
         ),
         Err(err) => {
             tracing::error!(error = %err, "read payment");
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "the payment could not be read",
-            )
+            internal("the payment could not be read")
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The idempotency flow for one request that carries a key: buffer and
 //! fingerprint the request, BEGIN, then answer 409/422/replay, or run the
 //! handler (in its own task, so a client hanging up cannot cut it short),
-//! keep the lease alive meanwhile, and COMPLETE or ABORT.
+//! keep the lease alive meanwhile, and settle the key (see `store`). The
+//! handler finds a `Fence` in its request extensions; when it used it, the
+//! fence's report decides what Redis keeps.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,10 +20,12 @@ use super::body::{collect_limited, BoxError, Collected, IdemBody};
 use super::key::redis_key;
 use super::layer::Config;
 use super::problem::{replay_response, Problem};
-use crate::{BeginOptions, Fingerprint, IdemError, Origin, Outcome, StoredResponse};
+use super::store::Held;
+use crate::fence::FenceReport;
+use crate::{BeginOptions, Claim, Fence, Fingerprint, IdemError, Outcome};
 
-/// Attempts of a COMPLETE that fails because Redis is unreachable.
-const COMPLETE_ATTEMPTS: u32 = 3;
+/// `Retry-After` of a 409 the fence answers (another transaction holds the key).
+const FENCE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 pub(crate) async fn handle<S, C, ReqBody, ResBody>(
     config: Arc<Config<C>>,
@@ -61,7 +65,9 @@ where
     let request = Request::from_parts(parts, IdemBody::full(body));
 
     match begin(&config, &key, &fingerprint).await {
-        Ok(Outcome::New { token }) => run_new(config, inner, request, key, token).await,
+        Ok(Outcome::New { token }) => {
+            run_new(config, inner, request, key, token, fingerprint).await
+        }
         Ok(Outcome::InFlight { retry_after }) => {
             let retry_after = retry_after.min(config.max_retry_after);
             Ok(Problem::InFlight { retry_after }.into_response())
@@ -84,7 +90,7 @@ where
     }
 }
 
-async fn begin<C>(
+pub(crate) async fn begin<C>(
     config: &Config<C>,
     key: &str,
     fingerprint: &Fingerprint,
@@ -120,6 +126,7 @@ async fn run_new<S, C, ReqBody, ResBody>(
     request: Request<IdemBody<ReqBody>>,
     key: String,
     token: u64,
+    fingerprint: Fingerprint,
 ) -> Result<Response<IdemBody<ResBody>>, S::Error>
 where
     S: Service<Request<IdemBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
@@ -130,11 +137,24 @@ where
     ResBody::Error: Into<BoxError>,
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let task = tokio::spawn(execute(config.clone(), inner, request, key.clone(), token));
+    let task = tokio::spawn(execute(
+        config.clone(),
+        inner,
+        request,
+        key.clone(),
+        token,
+        fingerprint,
+    ));
     match task.await {
         Ok(result) => result,
         Err(join_error) => {
-            release(&config, &key, token).await;
+            let held = Held {
+                config: &config,
+                key: &key,
+                token,
+                fingerprint: &fingerprint,
+            };
+            held.release().await;
             if join_error.is_panic() {
                 std::panic::resume_unwind(join_error.into_panic());
             }
@@ -146,9 +166,10 @@ where
 async fn execute<S, C, ReqBody, ResBody>(
     config: Arc<Config<C>>,
     inner: S,
-    request: Request<IdemBody<ReqBody>>,
+    mut request: Request<IdemBody<ReqBody>>,
     key: String,
     token: u64,
+    fingerprint: Fingerprint,
 ) -> Result<Response<IdemBody<ResBody>>, S::Error>
 where
     S: Service<Request<IdemBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
@@ -157,41 +178,104 @@ where
     ResBody::Error: Into<BoxError>,
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    let (fence, report) =
+        Fence::new(key.clone(), token, fingerprint.as_bytes(), config.ttl).reporting();
+    request.extensions_mut().insert(fence);
     let limit = config.max_response_body;
     let work = async move {
         let response = inner.oneshot(request).await?;
         let (parts, body) = response.into_parts();
         Ok((parts, collect_limited(body, limit).await))
     };
-    let (parts, collected) = match keep_lease(&config, &key, token, work).await {
+    let held = Held {
+        config: &config,
+        key: &key,
+        token,
+        fingerprint: &fingerprint,
+    };
+    let outcome = keep_lease(&config, &key, token, work).await;
+    let report = std::mem::take(&mut *report.lock().unwrap_or_else(|p| p.into_inner()));
+    let (parts, collected) = match outcome {
         Ok(done) => done,
         Err(err) => {
-            release(&config, &key, token).await;
+            settle_fence::<C, ResBody>(&held, report).await;
             return Err(err);
         }
     };
-    match collected {
-        Ok(Collected::Complete(body)) => {
-            if (config.store_policy)(parts.status) {
-                store(&config, &key, token, &parts, &body).await;
-            } else {
-                release(&config, &key, token).await;
-            }
-            Ok(Response::from_parts(parts, IdemBody::full(body)))
+    if report != FenceReport::Unused {
+        if let Some(answer) = settle_fence(&held, report).await {
+            return Ok(answer);
         }
+        return Ok(respond(&key, parts, collected));
+    }
+    if let Ok(Collected::Complete(body)) = &collected {
+        if (config.store_policy)(parts.status) {
+            let stored = held.stored(&parts, body);
+            if let Some(answer) = held.store(&stored).await {
+                return Ok(answer);
+            }
+            return Ok(respond(&key, parts, collected));
+        }
+    }
+    held.release().await;
+    Ok(respond(&key, parts, collected))
+}
+
+/// Settles a key whose handler used the fence; `Some` when the client gets
+/// the fence's answer instead of the handler's response.
+async fn settle_fence<C, B>(
+    held: &Held<'_, C>,
+    report: FenceReport,
+) -> Option<Response<IdemBody<B>>>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    match report {
+        FenceReport::Committed(stored) => {
+            held.store_committed(&stored).await;
+            None
+        }
+        FenceReport::Decided(Claim::Replay(stored)) => {
+            held.refill(&stored).await;
+            Some(replay_response(stored))
+        }
+        FenceReport::Decided(Claim::InFlight) => {
+            held.release().await;
+            let retry_after = FENCE_RETRY_AFTER.min(held.config.max_retry_after);
+            Some(Problem::InFlight { retry_after }.into_response())
+        }
+        FenceReport::Decided(Claim::Mismatch) => {
+            held.release().await;
+            Some(Problem::Mismatch.into_response())
+        }
+        // Claimed but not committed through the fence (rolled back, failed,
+        // fate unknown): the effect did not happen or a retry's claim finds it.
+        FenceReport::Decided(Claim::Proceed) | FenceReport::Claimed | FenceReport::Unused => {
+            held.release().await;
+            None
+        }
+    }
+}
+
+/// The handler's response as it goes out: whole, resumed after the buffered
+/// prefix, or a 500 problem when its body failed.
+fn respond<B>(
+    key: &str,
+    parts: response::Parts,
+    collected: Result<Collected<B>, BoxError>,
+) -> Response<IdemBody<B>> {
+    match collected {
+        Ok(Collected::Complete(body)) => Response::from_parts(parts, IdemBody::full(body)),
         Ok(Collected::Overflow { prefix, rest }) => {
             tracing::warn!(
                 key,
-                limit,
-                "response larger than max_response_body: sent but not stored, key released"
+                "response larger than max_response_body: sent but not stored by the layer"
             );
-            release(&config, &key, token).await;
-            Ok(Response::from_parts(parts, IdemBody::resumed(prefix, rest)))
+            Response::from_parts(parts, IdemBody::resumed(prefix, rest))
         }
         Err(err) => {
             tracing::warn!(key, error = %err, "response body failed; key released");
-            release(&config, &key, token).await;
-            Ok(Problem::Internal.into_response())
+            Problem::Internal.into_response()
         }
     }
 }
@@ -225,53 +309,5 @@ where
     tokio::select! {
         output = &mut work => output,
         () = renew => work.await,
-    }
-}
-
-async fn store<C>(config: &Config<C>, key: &str, token: u64, parts: &response::Parts, body: &Bytes)
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let mut stored = StoredResponse::new(parts.status.as_u16(), body.clone());
-    for name in &config.stored_headers {
-        for value in parts.headers.get_all(name) {
-            stored = stored.with_header(name.as_str(), Bytes::copy_from_slice(value.as_bytes()));
-        }
-    }
-    let mut attempt = 1;
-    loop {
-        match config
-            .client
-            .complete(key, token, &stored, Origin::Handler)
-            .await
-        {
-            Ok(()) => return,
-            Err(err) if err.is_unavailable() && attempt < COMPLETE_ATTEMPTS => {
-                tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
-                attempt += 1;
-            }
-            Err(err @ IdemError::Stale(_)) => {
-                tracing::error!(key, error = %err, "lease lost before COMPLETE: the key was taken over");
-                return;
-            }
-            Err(err) if err.is_unavailable() => {
-                tracing::error!(key, error = %err, "COMPLETE failed: the response is sent but not stored");
-                return;
-            }
-            Err(err) => {
-                tracing::error!(key, error = %err, "COMPLETE refused: the response is sent but not stored; key released");
-                release(config, key, token).await;
-                return;
-            }
-        }
-    }
-}
-
-async fn release<C>(config: &Config<C>, key: &str, token: u64)
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    if let Err(err) = config.client.abort(key, token).await {
-        tracing::warn!(key, error = %err, "ABORT failed; the key frees itself when its lease lapses");
     }
 }

@@ -7,6 +7,7 @@ mod key;
 mod layer;
 mod problem;
 mod service;
+mod store;
 
 pub use body::{BoxError, IdemBody};
 pub use key::{parse_value as parse_key_header, redis_key, KeyError, MAX_KEY_BYTES};

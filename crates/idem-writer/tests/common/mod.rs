@@ -3,6 +3,8 @@
 //! against what Redis completed.
 #![allow(dead_code)]
 
+pub mod failover;
+
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -56,6 +58,20 @@ pub fn complete_keys(
     keys: &[String],
     ttl_secs: u64,
 ) -> Vec<Completion> {
+    try_complete_keys(conn, keys, ttl_secs, None)
+        .expect("pipelined IDEM.BEGIN / IDEM.COMPLETE")
+        .0
+}
+
+/// [`complete_keys`] that returns Redis errors, with an optional `WAIT
+/// numreplicas timeout-ms` after the COMPLETEs (its reply is the second
+/// value; 0 without it).
+pub fn try_complete_keys(
+    conn: &mut redis::Connection,
+    keys: &[String],
+    ttl_secs: u64,
+    wait: Option<(u32, u64)>,
+) -> redis::RedisResult<(Vec<Completion>, i64)> {
     let mut rng = rand::thread_rng();
     let mut begin = redis::pipe();
     let fingerprints: Vec<Vec<u8>> = keys
@@ -65,7 +81,7 @@ pub fn complete_keys(
     for (key, fp) in keys.iter().zip(&fingerprints) {
         begin.cmd("IDEM.BEGIN").arg(key).arg(fp).arg(ttl_secs);
     }
-    let replies: Vec<Value> = begin.query(conn).expect("pipelined IDEM.BEGIN");
+    let replies: Vec<Value> = begin.query(conn)?;
     let mut complete = redis::pipe();
     let mut done = Vec::with_capacity(keys.len());
     for ((key, fp), reply) in keys.iter().zip(&fingerprints).zip(replies) {
@@ -97,8 +113,15 @@ pub fn complete_keys(
             headers,
         });
     }
-    let _: Vec<Value> = complete.query(conn).expect("pipelined IDEM.COMPLETE");
-    done
+    if let Some((replicas, timeout_ms)) = wait {
+        complete.cmd("WAIT").arg(replicas).arg(timeout_ms);
+    }
+    let replies: Vec<Value> = complete.query(conn)?;
+    let acked = match (wait, replies.last()) {
+        (Some(_), Some(Value::Int(n))) => *n,
+        _ => 0,
+    };
+    Ok((done, acked))
 }
 
 fn new_token(reply: &Value) -> Option<i64> {

@@ -1,8 +1,10 @@
 //! Test harness for the payments API: Redis with the module, a throwaway
 //! Postgres database, the writer (on demand), and the API served over real
-//! TCP on a free port.
+//! TCP on a free port; `processes` runs the API and the writer as processes.
 
 #![allow(dead_code)]
+
+pub mod processes;
 
 use std::time::Duration;
 

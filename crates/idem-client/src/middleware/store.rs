@@ -1,0 +1,163 @@
+//! How a finished request leaves its key in Redis: COMPLETE (the handler's
+//! response, or a response the fence committed to Postgres, `MIRRORED`) or
+//! ABORT, and what the client is answered when the key was lost (`NOTFOUND`)
+//! or taken over (`STALE`) meanwhile: one answer per key.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{response, Response};
+use redis::aio::ConnectionLike;
+
+use super::body::IdemBody;
+use super::layer::Config;
+use super::problem::{replay_response, Problem};
+use crate::{Fingerprint, IdemError, Origin, Outcome, StoredResponse};
+
+/// Attempts of a COMPLETE that fails because Redis is unreachable.
+const COMPLETE_ATTEMPTS: u32 = 3;
+
+/// The key a request holds in Redis.
+pub(crate) struct Held<'a, C> {
+    pub config: &'a Config<C>,
+    pub key: &'a str,
+    pub token: u64,
+    pub fingerprint: &'a Fingerprint,
+}
+
+/// What the client gets when the key's answer is not the handler's own.
+pub(crate) type Override<B> = Option<Response<IdemBody<B>>>;
+
+impl<C> Held<'_, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The response the middleware stores for `parts` and `body`.
+    pub fn stored(&self, parts: &response::Parts, body: &Bytes) -> StoredResponse {
+        let mut stored = StoredResponse::new(parts.status.as_u16(), body.clone());
+        for name in &self.config.stored_headers {
+            for value in parts.headers.get_all(name) {
+                stored =
+                    stored.with_header(name.as_str(), Bytes::copy_from_slice(value.as_bytes()));
+            }
+        }
+        stored
+    }
+
+    /// Stores the handler's response (not fenced). When the key was taken
+    /// over meanwhile, the client gets what the key holds now instead.
+    pub async fn store<B>(&self, stored: &StoredResponse) -> Override<B> {
+        match self.complete(self.token, stored, Origin::Handler).await {
+            Ok(()) => None,
+            Err(IdemError::Stale(_)) => {
+                tracing::warn!(
+                    key = self.key,
+                    "lease lost before COMPLETE (taken over): answering what the key holds now"
+                );
+                self.answer_again(stored).await
+            }
+            Err(IdemError::NotFound(_)) => {
+                tracing::warn!(
+                    key = self.key,
+                    "the key vanished from Redis before COMPLETE: the response is sent but not stored"
+                );
+                None
+            }
+            Err(err) if err.is_unavailable() => {
+                tracing::error!(key = self.key, error = %err, "COMPLETE failed: the response is sent but not stored");
+                None
+            }
+            Err(err) => {
+                tracing::error!(key = self.key, error = %err, "COMPLETE refused: the response is sent but not stored; key released");
+                self.release().await;
+                None
+            }
+        }
+    }
+
+    /// The fence committed `stored` to Postgres: put it into Redis without
+    /// handing it to the writer. It is the key's authoritative answer, so the
+    /// client gets it whatever Redis says.
+    pub async fn store_committed(&self, stored: &StoredResponse) {
+        match self.complete(self.token, stored, Origin::Mirror).await {
+            Ok(()) => {}
+            Err(err @ (IdemError::Stale(_) | IdemError::NotFound(_))) => tracing::warn!(
+                key = self.key,
+                error = %err,
+                "the fenced response is committed in Postgres; Redis lost or passed on the key"
+            ),
+            Err(err) => tracing::error!(
+                key = self.key,
+                error = %err,
+                "the fenced response is committed in Postgres but could not be put into Redis"
+            ),
+        }
+    }
+
+    /// The fence replayed `stored` from Postgres: refill Redis with it, or
+    /// release the key when that fails.
+    pub async fn refill(&self, stored: &StoredResponse) {
+        if let Err(err) = self.complete(self.token, stored, Origin::Mirror).await {
+            tracing::warn!(key = self.key, error = %err, "could not refill redis from the fence's row");
+            self.release().await;
+        }
+    }
+
+    /// ABORT; a failure leaves the key to lapse with its lease.
+    pub async fn release(&self) {
+        if let Err(err) = self.config.client.abort(self.key, self.token).await {
+            tracing::warn!(key = self.key, error = %err, "ABORT failed; the key frees itself when its lease lapses");
+        }
+    }
+
+    async fn complete(
+        &self,
+        token: u64,
+        stored: &StoredResponse,
+        origin: Origin,
+    ) -> Result<(), IdemError> {
+        let mut attempt = 1;
+        loop {
+            match self
+                .config
+                .client
+                .complete(self.key, token, stored, origin)
+                .await
+            {
+                Err(err) if err.is_unavailable() && attempt < COMPLETE_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// BEGIN again after a `STALE` COMPLETE: the replay, 409 while the newer
+    /// holder runs, or, when nobody holds the key any more, the handler's own
+    /// response stored under the new token.
+    async fn answer_again<B>(&self, stored: &StoredResponse) -> Override<B> {
+        match super::flow::begin(self.config, self.key, self.fingerprint).await {
+            Ok(Outcome::Replay(now)) => Some(replay_response(now)),
+            Ok(Outcome::InFlight { retry_after }) => Some(
+                Problem::InFlight {
+                    retry_after: retry_after.min(self.config.max_retry_after),
+                }
+                .into_response(),
+            ),
+            Ok(Outcome::Mismatch) => Some(Problem::Mismatch.into_response()),
+            Ok(Outcome::New { token }) => {
+                if let Err(err) = self.complete(token, stored, Origin::Handler).await {
+                    tracing::warn!(key = self.key, error = %err, "could not store the response under a new token");
+                    let again = Held { token, ..*self };
+                    again.release().await;
+                }
+                None
+            }
+            Err(err) => {
+                tracing::warn!(key = self.key, error = %err, "BEGIN after a stale COMPLETE failed");
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The fence's SQL protocol against a real Postgres: many concurrent claims
+//! of one key commit one effect, a stale token never commits over a newer
+//! one, expired rows are reused, mismatches and open holders are refused,
+//! and the writer's upsert and cleanup agree with fence rows.
+
+use std::time::{Duration, SystemTime};
+
+use deadpool_postgres::{Manager, Pool};
+use futures_util::future::join_all;
+use idem_client::{Claim, Fence, StoredResponse};
+use idem_testkit::PgDatabase;
+use idem_writer::MirrorRecord;
+use tokio_postgres::{Client, NoTls};
+
+const TTL: Duration = Duration::from_secs(3600);
+
+async fn database() -> (PgDatabase, Client) {
+    let db = PgDatabase::create();
+    let mut client = db.connect().await;
+    idem_writer::migrate(&mut client).await.expect("migrate");
+    client
+        .batch_execute("CREATE TABLE effects (key TEXT NOT NULL, token BIGINT NOT NULL)")
+        .await
+        .expect("effects table");
+    (db, client)
+}
+
+fn response(token: u64) -> StoredResponse {
+    StoredResponse::new(201, format!("{{\"token\":{token}}}"))
+        .with_header("content-type", "application/json")
+}
+
+/// One request's transaction: claim, and on `Proceed` record the effect and
+/// commit it with the response through the fence.
+async fn attempt(client: &mut Client, fence: &Fence) -> Claim {
+    let tx = client.transaction().await.expect("begin");
+    let claim = fence.claim(&tx).await.expect("claim");
+    if claim == Claim::Proceed {
+        let token = i64::try_from(fence.token()).unwrap();
+        tx.execute(
+            "INSERT INTO effects (key, token) VALUES ($1, $2)",
+            &[&fence.key(), &token],
+        )
+        .await
+        .expect("effect");
+        fence
+            .commit(tx, &response(fence.token()))
+            .await
+            .expect("commit");
+    }
+    claim
+}
+
+async fn effects(client: &Client, key: &str) -> Vec<i64> {
+    client
+        .query("SELECT token FROM effects WHERE key = $1", &[&key])
+        .await
+        .expect("effects")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+async fn row(client: &Client, key: &str) -> Option<(String, i64, Option<i32>)> {
+    client
+        .query_opt(
+            "SELECT status, token, response_status FROM idempotency_keys WHERE key = $1",
+            &[&key],
+        )
+        .await
+        .expect("row")
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_commit_exactly_one_effect() {
+    let (db, client) = database().await;
+    for round in 0..5 {
+        let key = format!("k-{round}");
+        // 24 holders with distinct tokens (as takeovers would hand out), each
+        // on its own connection, retrying while the key is in flight.
+        let tasks = (1..=24u64).map(|token| {
+            let (url, key) = (db.url.clone(), key.clone());
+            tokio::spawn(async move {
+                let (mut client, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+                tokio::spawn(conn);
+                let fence = Fence::new(key, 1000 + token, b"fp", TTL);
+                loop {
+                    match attempt(&mut client, &fence).await {
+                        Claim::InFlight => tokio::time::sleep(Duration::from_millis(2)).await,
+                        other => return other,
+                    }
+                }
+            })
+        });
+        let answers: Vec<Claim> = join_all(tasks)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let winners = effects(&client, &key).await;
+        assert_eq!(winners.len(), 1, "one effect per key: {winners:?}");
+        let winner = u64::try_from(winners[0]).unwrap();
+        let proceeded = answers.iter().filter(|a| **a == Claim::Proceed).count();
+        assert_eq!(proceeded, 1);
+        for answer in &answers {
+            match answer {
+                Claim::Proceed => {}
+                Claim::Replay(stored) => assert_eq!(*stored, response(winner)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let (status, token, response_status) = row(&client, &key).await.unwrap();
+        assert_eq!(
+            (status.as_str(), token, response_status),
+            ("completed", winners[0], Some(201))
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key() {
+    let (db, mut first) = database().await;
+    let mut second = db.connect().await;
+    let older = Fence::new("k", 10, b"fp", TTL);
+    let newer = Fence::new("k", 20, b"fp", TTL);
+
+    let holding = first.transaction().await.unwrap();
+    assert_eq!(older.claim(&holding).await.unwrap(), Claim::Proceed);
+    // The older holder's transaction is open: the newer one is told at once.
+    let started = std::time::Instant::now();
+    assert_eq!(attempt(&mut second, &newer).await, Claim::InFlight);
+    assert!(started.elapsed() < Duration::from_secs(1), "no waiting");
+    // Claiming twice in one transaction is harmless.
+    assert_eq!(older.claim(&holding).await.unwrap(), Claim::Proceed);
+    holding.rollback().await.unwrap();
+    assert_eq!(
+        row(&second, "k").await,
+        None,
+        "the claim rolled back with it"
+    );
+
+    assert_eq!(attempt(&mut second, &newer).await, Claim::Proceed);
+    assert_eq!(effects(&second, "k").await, vec![20]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_token_never_commits_over_a_newer_one() {
+    let (db, mut client) = database().await;
+    let mut other = db.connect().await;
+    let stale = Fence::new("k", 10, b"fp", TTL);
+    let newer = Fence::new("k", 20, b"fp", TTL);
+
+    assert_eq!(attempt(&mut client, &newer).await, Claim::Proceed);
+    // The stale holder wakes up: it gets the newer holder's answer.
+    assert_eq!(
+        attempt(&mut other, &stale).await,
+        Claim::Replay(response(20))
+    );
+    // Completing without a claim of its own is refused.
+    let tx = other.transaction().await.unwrap();
+    let err = stale.complete(&tx, &response(10)).await.unwrap_err();
+    assert!(matches!(err, idem_client::IdemError::Stale(_)), "{err:?}");
+    drop(tx);
+    assert_eq!(effects(&client, "k").await, vec![20]);
+    assert_eq!(row(&client, "k").await.unwrap().1, 20);
+
+    // A stale holder's uncompleted claim left behind (committed by hand) is
+    // taken over by a newer token; a newer one is never taken by an older.
+    let tx = client.transaction().await.unwrap();
+    let left = Fence::new("j", 30, b"fp", TTL);
+    assert_eq!(left.claim(&tx).await.unwrap(), Claim::Proceed);
+    tx.commit().await.unwrap();
+    assert_eq!(
+        attempt(&mut client, &Fence::new("j", 25, b"fp", TTL)).await,
+        Claim::InFlight
+    );
+    assert_eq!(
+        attempt(&mut client, &Fence::new("j", 40, b"fp", TTL)).await,
+        Claim::Proceed
+    );
+    assert_eq!(effects(&client, "j").await, vec![40]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_rows_are_reused_and_mismatches_refused() {
+    let (_db, mut client) = database().await;
+    // Completed for another request, expired: reusable by a larger token.
+    let old = Fence::new("k", 10, b"old request", Duration::from_millis(1));
+    assert_eq!(attempt(&mut client, &old).await, Claim::Proceed);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let fresh = Fence::new("k", 20, b"new request", TTL);
+    assert_eq!(attempt(&mut client, &fresh).await, Claim::Proceed);
+    assert_eq!(effects(&client, "k").await, vec![10, 20]);
+    // But not by a smaller one: that holder is stale.
+    let expired = Fence::new("e", 50, b"x", Duration::from_millis(1));
+    assert_eq!(attempt(&mut client, &expired).await, Claim::Proceed);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        attempt(&mut client, &Fence::new("e", 40, b"x", TTL)).await,
+        Claim::InFlight
+    );
+
+    // Same key, another request: 422, completed or merely claimed.
+    assert_eq!(
+        attempt(&mut client, &Fence::new("k", 30, b"other", TTL)).await,
+        Claim::Mismatch
+    );
+    let tx = client.transaction().await.unwrap();
+    assert_eq!(
+        Fence::new("m", 30, b"a", TTL).claim(&tx).await.unwrap(),
+        Claim::Proceed
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        attempt(&mut client, &Fence::new("m", 40, b"b", TTL)).await,
+        Claim::Mismatch
+    );
+    assert_eq!(effects(&client, "k").await, vec![10, 20]);
+    assert!(effects(&client, "m").await.is_empty());
+}
+
+fn mirror_record(key: &str, token: i64, fingerprint: &[u8]) -> MirrorRecord {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    MirrorRecord {
+        key: key.into(),
+        token,
+        fingerprint: idem_client::fingerprint::stored_hex(fingerprint),
+        status: 200,
+        body: b"from the writer".to_vec(),
+        headers: Vec::new(),
+        created_at_ms: now,
+        completed_at_ms: now,
+        expires_at_ms: now + 3_600_000,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_upsert_and_cleanup_agree_with_fence_rows() {
+    let (db, mut client) = database().await;
+    let upsert = client
+        .prepare(idem_writer::store::UPSERT_SQL)
+        .await
+        .unwrap();
+    let fence = Fence::new("k", 20, b"fp", TTL);
+    assert_eq!(attempt(&mut client, &fence).await, Claim::Proceed);
+    // An older version from the mirror never overwrites the fence's row...
+    let n = idem_writer::store::upsert_records(&client, &upsert, &[mirror_record("k", 10, b"fp")])
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    assert_eq!(
+        row(&client, "k").await.unwrap(),
+        ("completed".into(), 20, Some(201))
+    );
+    // ...and a fence claim never overwrites a newer mirrored row.
+    idem_writer::store::upsert_records(&client, &upsert, &[mirror_record("w", 50, b"fp")])
+        .await
+        .unwrap();
+    let stale = Fence::new("w", 40, b"fp", TTL);
+    let Claim::Replay(stored) = attempt(&mut client, &stale).await else {
+        panic!("a mirrored completion is replayed");
+    };
+    assert_eq!(stored.body, "from the writer");
+
+    // Cleanup removes expired fence rows but not one a transaction holds.
+    let short = Fence::new("x", 5, b"fp", Duration::from_millis(1));
+    assert_eq!(attempt(&mut client, &short).await, Claim::Proceed);
+    let mut holder = db.connect().await;
+    let tx = holder.transaction().await.unwrap();
+    let held = Fence::new("y", 5, b"fp", Duration::from_millis(1));
+    assert_eq!(held.claim(&tx).await.unwrap(), Claim::Proceed);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let removed = idem_writer::cleanup::delete_expired(&client, 100)
+        .await
+        .unwrap();
+    assert_eq!(removed, 1);
+    assert_eq!(row(&client, "x").await, None);
+    fence_commit_after_cleanup(tx, &held).await;
+    assert_eq!(row(&client, "y").await.unwrap().0, "completed");
+}
+
+async fn fence_commit_after_cleanup(tx: tokio_postgres::Transaction<'_>, fence: &Fence) {
+    fence
+        .commit(tx, &response(fence.token()))
+        .await
+        .expect("commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_with_deadpool_transactions() {
+    let (db, _client) = database().await;
+    let config: tokio_postgres::Config = db.url.parse().unwrap();
+    let pool = Pool::builder(Manager::new(config, NoTls))
+        .max_size(2)
+        .build()
+        .unwrap();
+    let mut conn = pool.get().await.unwrap();
+    let fence = Fence::new("k", 7, b"fp", TTL);
+    let tx = conn.transaction().await.unwrap();
+    assert_eq!(fence.claim(&tx).await.unwrap(), Claim::Proceed);
+    fence.commit(tx, &response(7)).await.unwrap();
+    let tx = conn.transaction().await.unwrap();
+    assert_eq!(
+        Fence::new("k", 8, b"fp", TTL).claim(&tx).await.unwrap(),
+        Claim::Replay(response(7))
+    );
+}

@@ -1,0 +1,319 @@
+//! The middleware with handlers that use the Postgres fence (real HTTP, real
+//! redis-server with the module, real Postgres): a committed response is
+//! stored whatever its status and marked mirrored, a rolled-back one is not,
+//! the fence's replay, 409 and 422 become the HTTP answers and release or
+//! refill Redis, and a STALE COMPLETE answers what the key holds now.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Extension, Router};
+use common::{idem_get, state_of, text, Server};
+use deadpool_postgres::{Manager, Pool};
+use idem_client::{Claim, Fence, Fingerprinter, IdemClient, IdempotencyLayer, StoredResponse};
+use idem_testkit::{PgDatabase, RedisServer};
+use tokio_postgres::NoTls;
+
+#[derive(Clone)]
+struct App {
+    pool: Pool,
+    calls: Arc<AtomicUsize>,
+    redis_url: String,
+}
+
+/// Claims, records one effect row, and commits `status` through the fence;
+/// `rollback` drops the transaction instead of committing.
+async fn fenced(app: &App, fence: &Fence, status: u16, rollback: bool) -> Response {
+    let n = app.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut client = app.pool.get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    match fence.claim(&tx).await.unwrap() {
+        Claim::Proceed => {}
+        // The middleware answers for the fence; this must not reach a client.
+        _ => return StatusCode::IM_A_TEAPOT.into_response(),
+    }
+    tx.execute("INSERT INTO effects (n) VALUES ($1)", &[&(n as i64)])
+        .await
+        .unwrap();
+    let stored = StoredResponse::new(status, format!("{{\"n\":{n}}}"))
+        .with_header("content-type", "application/json");
+    if !rollback {
+        fence.commit(tx, &stored).await.unwrap();
+    }
+    (
+        StatusCode::from_u16(status).unwrap(),
+        [("content-type", "application/json")],
+        stored.body,
+    )
+        .into_response()
+}
+
+/// The fingerprint the middleware computes for `POST path` with the JSON
+/// body `{}`.
+fn fingerprint(path: &str) -> Vec<u8> {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    Fingerprinter::new()
+        .canonical_json(true)
+        .fingerprint(&Method::POST, &path.parse().unwrap(), &headers, b"{}")
+        .as_bytes()
+        .to_vec()
+}
+
+fn routes(app: App) -> Router {
+    Router::new()
+        .route(
+            "/created",
+            post(
+                |State(app): State<App>, Extension(fence): Extension<Fence>| async move {
+                    fenced(&app, &fence, 201, false).await
+                },
+            ),
+        )
+        .route(
+            "/committed-500",
+            post(
+                |State(app): State<App>, Extension(fence): Extension<Fence>| async move {
+                    fenced(&app, &fence, 500, false).await
+                },
+            ),
+        )
+        .route(
+            "/rolled-back-201",
+            post(
+                |State(app): State<App>, Extension(fence): Extension<Fence>| async move {
+                    fenced(&app, &fence, 201, true).await
+                },
+            ),
+        )
+        .route(
+            "/overtaken",
+            // Not fenced: while it runs, another holder takes the key over
+            // and completes it; its own COMPLETE is then STALE.
+            post(
+                |State(app): State<App>, Extension(fence): Extension<Fence>| async move {
+                    let mut conn = redis::Client::open(app.redis_url.as_str())
+                        .unwrap()
+                        .get_multiplexed_async_connection()
+                        .await
+                        .unwrap();
+                    let _: i64 = redis::cmd("IDEM.ABORT")
+                        .arg(fence.key())
+                        .arg(fence.token())
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    let client = IdemClient::new(conn);
+                    let outcome = client
+                        .begin(
+                            fence.key(),
+                            &fingerprint("/overtaken"),
+                            idem_client::BeginOptions::new(common::LONG),
+                        )
+                        .await
+                        .unwrap();
+                    let idem_client::Outcome::New { token } = outcome else {
+                        panic!("the newer holder gets the key: {outcome:?}");
+                    };
+                    client
+                        .complete(
+                            fence.key(),
+                            token,
+                            &StoredResponse::new(201, "{\"holder\":\"newer\"}"),
+                            idem_client::Origin::Handler,
+                        )
+                        .await
+                        .unwrap();
+                    (StatusCode::CREATED, "{\"holder\":\"stale\"}")
+                },
+            ),
+        )
+        .with_state(app)
+}
+
+struct Fixture {
+    redis: RedisServer,
+    db: PgDatabase,
+    app: App,
+    server: Server,
+}
+
+impl Fixture {
+    async fn start() -> Fixture {
+        let redis = RedisServer::start();
+        let db = PgDatabase::create();
+        let mut client = db.connect().await;
+        idem_writer::migrate(&mut client).await.unwrap();
+        client
+            .batch_execute("CREATE TABLE effects (n BIGINT NOT NULL)")
+            .await
+            .unwrap();
+        let config: tokio_postgres::Config = db.url.parse().unwrap();
+        let pool = Pool::builder(Manager::new(config, NoTls))
+            .max_size(4)
+            .build()
+            .unwrap();
+        let app = App {
+            pool,
+            calls: Arc::default(),
+            redis_url: redis.url(),
+        };
+        let layer = IdempotencyLayer::new(IdemClient::new(redis.async_conn().await));
+        let server = Server::start(routes(app.clone()).layer(layer)).await;
+        Fixture {
+            redis,
+            db,
+            app,
+            server,
+        }
+    }
+
+    async fn post(&self, path: &str, key: &str) -> common::Reply {
+        common::post(&self.server.base, path, Some(key), "{}").await
+    }
+
+    fn redis_key(key: &str) -> String {
+        format!("idem:{{:{key}}}")
+    }
+
+    async fn redis_field(&self, key: &str, field: &str) -> Option<String> {
+        let mut conn = self.redis.async_conn().await;
+        idem_get(&mut conn, &Self::redis_key(key))
+            .await
+            .map(|f| text(&f[field]))
+    }
+
+    async fn effects(&self) -> i64 {
+        let client = self.db.connect().await;
+        client
+            .query_one("SELECT count(*) FROM effects", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    fn calls(&self) -> usize {
+        self.app.calls.load(Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_response_is_stored_whatever_its_status_and_not_mirrored_again() {
+    let f = Fixture::start().await;
+    let first = f.post("/committed-500", "k500").await;
+    assert_eq!(first.status, 500);
+    assert_eq!(
+        f.redis_field("k500", "state").await.as_deref(),
+        Some("completed")
+    );
+    assert_eq!(
+        f.redis_field("k500", "mirror").await.as_deref(),
+        Some("mirrored"),
+        "the fence's row is the mirror: the writer must not write it again"
+    );
+    let retry = f.post("/committed-500", "k500").await;
+    assert_eq!(retry.status, 500);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!((f.calls(), f.effects().await), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_response_is_not_stored_whatever_its_status() {
+    let f = Fixture::start().await;
+    let first = f.post("/rolled-back-201", "k").await;
+    assert_eq!(first.status, 201);
+    assert_eq!(f.redis_field("k", "state").await, None, "released");
+    let retry = f.post("/rolled-back-201", "k").await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed(), "the retry ran again");
+    assert_eq!((f.calls(), f.effects().await), (2, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_replays_what_redis_forgot_and_refills_it() {
+    let f = Fixture::start().await;
+    let first = f.post("/created", "k").await;
+    assert_eq!(first.status, 201);
+    let mut conn = f.redis.async_conn().await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+
+    // No read-through: the handler's claim finds the committed row.
+    let retry = f.post("/created", "k").await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(retry.header("content-type"), Some("application/json"));
+    assert_eq!(
+        f.redis_field("k", "state").await.as_deref(),
+        Some("completed")
+    );
+    assert_eq!(
+        f.redis_field("k", "mirror").await.as_deref(),
+        Some("mirrored")
+    );
+    // Refilled: the next retry is answered by Redis alone.
+    let again = f.post("/created", "k").await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!((f.calls(), f.effects().await), (2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_holder_is_409_and_another_request_is_422_and_both_release_redis() {
+    let f = Fixture::start().await;
+    let redis_key = Fixture::redis_key("k409");
+    // Another fenced transaction for the key is open (it holds the gate).
+    let mut holder = f.db.connect().await;
+    let tx = holder.transaction().await.unwrap();
+    let fence = Fence::new(
+        redis_key.as_str(),
+        1,
+        &fingerprint("/created"),
+        common::LONG,
+    );
+    assert_eq!(fence.claim(&tx).await.unwrap(), Claim::Proceed);
+    let busy = f.post("/created", "k409").await;
+    assert_eq!(busy.status, 409);
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    assert_eq!(
+        busy.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(f.redis_field("k409", "state").await, None, "released");
+    tx.rollback().await.unwrap();
+    assert_eq!(f.post("/created", "k409").await.status, 201);
+
+    // The row holds another request (Redis forgot the key): 422.
+    let mut conn = f.redis.async_conn().await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let other = f.post("/committed-500", "k409").await;
+    assert_eq!(other.status, 422);
+    assert_eq!(f.redis_field("k409", "state").await, None, "released");
+    assert_eq!(f.effects().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_complete_answers_what_the_key_holds_now() {
+    let f = Fixture::start().await;
+    let reply = f.post("/overtaken", "k").await;
+    assert_eq!(reply.status, 201);
+    assert_eq!(
+        reply.body, "{\"holder\":\"newer\"}",
+        "the stale holder's own result never reaches its client"
+    );
+    assert!(reply.replayed());
+    let mut conn = f.redis.async_conn().await;
+    assert_eq!(
+        state_of(&mut conn, &Fixture::redis_key("k"))
+            .await
+            .as_deref(),
+        Some("completed")
+    );
+}

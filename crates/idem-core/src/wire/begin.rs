@@ -1,0 +1,181 @@
+//! The `IDEM.BEGIN` reply: `["new", token]`, `["in_flight", retry_after_ms]`,
+//! `["replay", status, body, headers]` or `["mismatch"]`. Outcome words are
+//! bulk strings, so Lua scripts compare them as plain strings.
+
+use super::{read_headers, read_status, uint, write_headers, Frame, ReplySink, WireError};
+use crate::{Completed, Header};
+
+/// A BEGIN outcome as the module writes it (the replay borrows the record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begin<'a> {
+    New { token: u64 },
+    InFlight { retry_after_ms: u64 },
+    Replay(&'a Completed),
+    Mismatch,
+}
+
+/// A BEGIN outcome as a client reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BeginReply {
+    New { token: u64 },
+    InFlight { retry_after_ms: u64 },
+    Replay(StoredResponse),
+    Mismatch,
+}
+
+/// A stored response as a replay carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: Vec<u8>,
+    pub headers: Vec<Header>,
+}
+
+impl Begin<'_> {
+    pub fn write(&self, sink: &mut impl ReplySink) {
+        match self {
+            Begin::New { token } => {
+                sink.array(2);
+                sink.bulk(b"new");
+                uint(sink, *token);
+            }
+            Begin::InFlight { retry_after_ms } => {
+                sink.array(2);
+                sink.bulk(b"in_flight");
+                uint(sink, *retry_after_ms);
+            }
+            Begin::Replay(c) => {
+                sink.array(4);
+                sink.bulk(b"replay");
+                sink.int(c.status.into());
+                sink.bulk(&c.body);
+                write_headers(sink, &c.headers);
+            }
+            Begin::Mismatch => {
+                sink.array(1);
+                sink.bulk(b"mismatch");
+            }
+        }
+    }
+}
+
+impl BeginReply {
+    pub fn parse(frame: &Frame) -> Result<BeginReply, WireError> {
+        let items = frame.array("BEGIN reply")?;
+        let Some((tag, rest)) = items.split_first() else {
+            return Err(WireError::new("empty BEGIN reply"));
+        };
+        let positive = |f: &Frame, what: &str| match f.int(what)? {
+            n if n > 0 => Ok(n as u64),
+            n => Err(WireError::new(format!("{what} {n} is not positive"))),
+        };
+        match (tag.text("BEGIN outcome")?, rest) {
+            ("new", [token]) => Ok(BeginReply::New {
+                token: positive(token, "token")?,
+            }),
+            ("in_flight", [ms]) => Ok(BeginReply::InFlight {
+                retry_after_ms: positive(ms, "retry_after")?,
+            }),
+            ("replay", [status, body, headers]) => Ok(BeginReply::Replay(StoredResponse {
+                status: read_status(status)?,
+                body: body.bytes("body")?.to_vec(),
+                headers: read_headers(headers)?,
+            })),
+            ("mismatch", []) => Ok(BeginReply::Mismatch),
+            (tag, _) => Err(WireError::new(format!(
+                "BEGIN outcome {tag:?} with {} fields",
+                rest.len()
+            ))),
+        }
+    }
+}
+
+impl From<Begin<'_>> for BeginReply {
+    fn from(b: Begin<'_>) -> BeginReply {
+        match b {
+            Begin::New { token } => BeginReply::New { token },
+            Begin::InFlight { retry_after_ms } => BeginReply::InFlight { retry_after_ms },
+            Begin::Replay(c) => BeginReply::Replay(StoredResponse {
+                status: c.status,
+                body: c.body.clone(),
+                headers: c.headers.clone(),
+            }),
+            Begin::Mismatch => BeginReply::Mismatch,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Recorder;
+    use crate::MirrorState;
+    use proptest::prelude::*;
+
+    fn completed(status: u16, body: Vec<u8>, headers: Vec<(Vec<u8>, Vec<u8>)>) -> Completed {
+        Completed {
+            status,
+            body,
+            headers: headers
+                .into_iter()
+                .map(|(name, value)| Header { name, value })
+                .collect(),
+            completed_at: 1,
+            mirror: MirrorState::Pending,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn write_then_parse_round_trips(
+            kind in 0..4u8,
+            n in 1..(1u64 << 53),
+            status in 100u16..600,
+            body in proptest::collection::vec(any::<u8>(), 0..64),
+            headers in proptest::collection::vec(
+                (proptest::collection::vec(any::<u8>(), 1..8), proptest::collection::vec(any::<u8>(), 0..8)),
+                0..4,
+            ),
+        ) {
+            let c = completed(status, body, headers);
+            let b = match kind {
+                0 => Begin::New { token: n },
+                1 => Begin::InFlight { retry_after_ms: n },
+                2 => Begin::Replay(&c),
+                _ => Begin::Mismatch,
+            };
+            let mut r = Recorder::default();
+            b.write(&mut r);
+            let frames = r.into_frames();
+            prop_assert_eq!(frames.len(), 1);
+            prop_assert_eq!(BeginReply::parse(&frames[0]), Ok(BeginReply::from(b)));
+        }
+    }
+
+    #[test]
+    fn malformed_replies_are_errors() {
+        let bulk = |s: &str| Frame::Bulk(s.as_bytes().to_vec());
+        for bad in [
+            Frame::Null,
+            Frame::Array(vec![]),
+            Frame::Array(vec![bulk("new")]),
+            Frame::Array(vec![bulk("new"), Frame::Int(0)]),
+            Frame::Array(vec![
+                bulk("replay"),
+                Frame::Int(99),
+                bulk(""),
+                Frame::Array(vec![]),
+            ]),
+            Frame::Array(vec![
+                bulk("replay"),
+                Frame::Int(200),
+                bulk(""),
+                Frame::Array(vec![bulk("x")]),
+            ]),
+            Frame::Array(vec![bulk("maybe")]),
+            Frame::Array(vec![bulk("mismatch"), Frame::Int(1)]),
+        ] {
+            assert!(BeginReply::parse(&bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Redis Cluster discovery: the primaries, from `CLUSTER NODES` as the most
+//! up-to-date reachable node sees them.
+
+use anyhow::Context;
+use futures_util::future::join_all;
+use redis::{ConnectionInfo, Value};
+
+use crate::topology::{host_of, parse_url, query_once, with_address, Target};
+
+/// One line of `CLUSTER NODES`, as far as discovery needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ClusterNode {
+    host: String,
+    port: u16,
+    primary: bool,
+    /// Not failed, not in handshake, has an address.
+    usable: bool,
+    config_epoch: u64,
+}
+
+pub struct ClusterDiscovery {
+    /// Scheme, credentials and database for every node.
+    template: ConnectionInfo,
+    seeds: Vec<ConnectionInfo>,
+    /// Every usable node of the last view, replicas included: the next
+    /// discovery asks them too, so it works when every seed is gone.
+    known: Vec<ConnectionInfo>,
+}
+
+impl ClusterDiscovery {
+    pub fn new(seed_urls: &[String]) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            !seed_urls.is_empty(),
+            "at least one Redis Cluster seed URL is needed"
+        );
+        let seeds = seed_urls
+            .iter()
+            .map(|url| parse_url(url))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        for seed in &seeds {
+            anyhow::ensure!(
+                seed.redis.db == 0,
+                "Redis Cluster has only database 0 (seed URL names database {})",
+                seed.redis.db
+            );
+            with_address(seed, "check", 1)?;
+        }
+        Ok(ClusterDiscovery {
+            template: seeds[0].clone(),
+            seeds,
+            known: Vec::new(),
+        })
+    }
+
+    /// Asks every seed and known node at once; trusts the view whose
+    /// largest config epoch is highest (the one that has seen the latest
+    /// failover), and returns its primaries.
+    pub async fn primaries(&mut self) -> anyhow::Result<Vec<Target>> {
+        let mut asked: Vec<ConnectionInfo> = Vec::new();
+        for info in self.seeds.iter().chain(&self.known) {
+            if !asked.iter().any(|a| a.addr == info.addr) {
+                asked.push(info.clone());
+            }
+        }
+        let replies = join_all(asked.iter().map(|info| async move {
+            let reply = query_once(info, redis::cmd("CLUSTER").arg("NODES")).await;
+            (info, reply)
+        }))
+        .await;
+        let mut best: Option<Vec<ClusterNode>> = None;
+        let mut failures = Vec::new();
+        for (info, reply) in replies {
+            let view = reply
+                .map_err(anyhow::Error::from)
+                .and_then(|v| parse_cluster_nodes(&v, host_of(info).unwrap_or_default()));
+            match (view, &best) {
+                (Ok(view), Some(b)) if max_epoch(&view) <= max_epoch(b) => {}
+                (Ok(view), _) => best = Some(view),
+                (Err(error), _) => failures.push(format!("{}: {error:#}", info.addr)),
+            }
+        }
+        let view = best.with_context(|| {
+            format!(
+                "no cluster node answered CLUSTER NODES ({})",
+                failures.join("; ")
+            )
+        })?;
+        let usable: Vec<&ClusterNode> = view.iter().filter(|n| n.usable).collect();
+        self.known = usable
+            .iter()
+            .map(|n| with_address(&self.template, &n.host, n.port))
+            .collect::<anyhow::Result<_>>()?;
+        let primaries = usable
+            .iter()
+            .filter(|n| n.primary)
+            .map(|n| with_address(&self.template, &n.host, n.port).map(Target::new))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        anyhow::ensure!(!primaries.is_empty(), "the cluster lists no usable primary");
+        Ok(primaries)
+    }
+}
+
+fn max_epoch(view: &[ClusterNode]) -> u64 {
+    view.iter().map(|n| n.config_epoch).max().unwrap_or(0)
+}
+
+/// Parses a `CLUSTER NODES` reply; `asked_host` stands in for a node that
+/// does not know its own address yet (`:7000@17000`).
+fn parse_cluster_nodes(reply: &Value, asked_host: &str) -> anyhow::Result<Vec<ClusterNode>> {
+    let text = match reply {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::VerbatimString { text, .. } => text.clone(),
+        Value::SimpleString(s) => s.clone(),
+        other => anyhow::bail!("unexpected CLUSTER NODES reply {other:?}"),
+    };
+    let nodes = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            parse_line(line, asked_host).with_context(|| format!("CLUSTER NODES line {line:?}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    anyhow::ensure!(!nodes.is_empty(), "empty CLUSTER NODES reply");
+    Ok(nodes)
+}
+
+/// `<id> <ip:port@cport[,hostname]> <flags> <primary> <ping> <pong> <epoch> <link> <slot>...`
+fn parse_line(line: &str, asked_host: &str) -> anyhow::Result<ClusterNode> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    anyhow::ensure!(fields.len() >= 8, "too few fields");
+    let address = fields[1].split(['@', ',']).next().unwrap_or_default();
+    let (host, port) = address.rsplit_once(':').context("no port")?;
+    let port: u16 = port.parse().context("bad port")?;
+    let flags: Vec<&str> = fields[2].split(',').collect();
+    let config_epoch = fields[6].parse().context("bad config epoch")?;
+    let has = |flag: &str| flags.contains(&flag);
+    Ok(ClusterNode {
+        host: if host.is_empty() { asked_host } else { host }.to_string(),
+        port,
+        primary: has("master"),
+        usable: port != 0 && !has("fail") && !has("noaddr") && !has("handshake"),
+        config_epoch,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODES: &str = "\
+07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004,host-4 slave e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 0 1426238317239 4 connected
+67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.1:30002@31002 master - 0 1426238316232 2 connected 5461-10922
+292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 127.0.0.1:30003@31003 master - 0 1426238318243 3 connected 10923-16383
+6ec23923021cf3ffec47632106199cb7f496ce01 127.0.0.1:30005@31005 master,fail - 1426238316232 1426238315000 5 disconnected
+824fe116063bc5fcf9f4ffd895bc17aee7731ac3 127.0.0.1:30006@31006 slave 292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 0 1426238317741 6 connected
+e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca :30001@31001 myself,master - 0 0 7 connected 0-5460
+aa11 127.0.0.1:30007@31007 handshake - 0 0 0 connected
+";
+
+    #[test]
+    fn reads_primaries_and_their_state() {
+        let nodes = parse_cluster_nodes(&Value::BulkString(NODES.into()), "10.1.1.1").unwrap();
+        let primaries: Vec<(String, u16)> = nodes
+            .iter()
+            .filter(|n| n.primary && n.usable)
+            .map(|n| (n.host.clone(), n.port))
+            .collect();
+        assert_eq!(
+            primaries,
+            vec![
+                ("127.0.0.1".to_string(), 30002),
+                ("127.0.0.1".to_string(), 30003),
+                ("10.1.1.1".to_string(), 30001),
+            ]
+        );
+        assert_eq!(max_epoch(&nodes), 7);
+        assert_eq!(nodes.iter().filter(|n| n.usable).count(), 5);
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        assert!(parse_cluster_nodes(&Value::Int(1), "h").is_err());
+        assert!(parse_cluster_nodes(&Value::BulkString(b"abc def".to_vec()), "h").is_err());
+        assert!(parse_cluster_nodes(&Value::BulkString(b"".to_vec()), "h").is_err());
+    }
+
+    #[test]
+    fn cluster_seeds_must_use_database_0() {
+        assert!(ClusterDiscovery::new(&["redis://seed:7000/0".into()]).is_ok());
+        assert!(ClusterDiscovery::new(&["redis://seed:7000/3".into()]).is_err());
+        assert!(ClusterDiscovery::new(&[]).is_err());
+    }
+}

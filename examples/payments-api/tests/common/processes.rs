@@ -1,0 +1,130 @@
+//! The example service and the mirror writer as real processes (killed on
+//! drop), for the chaos test: started on free ports, frozen and thawed with
+//! SIGSTOP/SIGCONT.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process with its log file; killed (and thawed first) on drop.
+pub struct Process {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    fn spawn(name: &'static str, mut cmd: Command) -> Process {
+        let log = idem_testkit::scratch_dir(name).join("log");
+        let file = std::fs::File::create(&log).expect("create a process log");
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        Process { name, child, log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {}", self.name);
+    }
+
+    /// SIGSTOP: the process freezes (a GC pause, a VM stall).
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT.
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-CONT")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = self.log.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Settings of one API process.
+pub struct ApiOptions<'a> {
+    pub redis_url: &'a str,
+    pub database_url: &'a str,
+    pub fence: bool,
+    pub processor_delay: Duration,
+    pub lease: Duration,
+}
+
+/// `payments-api` on a free port; returns once it answers HTTP.
+pub async fn start_api(options: &ApiOptions<'_>) -> (Process, String) {
+    let port = idem_testkit::free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_payments-api"));
+    cmd.env("REDIS_URL", options.redis_url)
+        .env("DATABASE_URL", options.database_url)
+        .env("PORT", port.to_string())
+        .env("FENCE", if options.fence { "on" } else { "off" })
+        .env("READ_THROUGH", "on")
+        .env(
+            "PROCESSOR_DELAY_MS",
+            options.processor_delay.as_millis().to_string(),
+        )
+        .env("LEASE_MS", options.lease.as_millis().to_string())
+        .env("PG_POOL_SIZE", "24")
+        .env("RUST_LOG", "warn");
+    let process = Process::spawn("payments-api", cmd);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(reply) = http.get(format!("{base}/payments/0")).send().await {
+            assert_eq!(reply.status(), 404, "a fresh API knows no payment 0");
+            return (process, base);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "payments-api did not come up:\n{}",
+            process.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `idem-writer` binary next to `payments-api` (the workspace build).
+fn writer_binary() -> PathBuf {
+    let api = Path::new(env!("CARGO_BIN_EXE_payments-api"));
+    let writer = api.with_file_name("idem-writer");
+    assert!(
+        writer.exists(),
+        "{} is missing: build the workspace (cargo build --release --workspace)",
+        writer.display()
+    );
+    writer
+}
+
+/// `idem-writer run` mirroring `redis_url` into `database_url`.
+pub fn start_writer(redis_url: &str, database_url: &str) -> Process {
+    let mut cmd = Command::new(writer_binary());
+    cmd.args(["run", "--redis", redis_url, "--database-url", database_url])
+        .args(["--block-ms", "100", "--claim-ms", "2000", "--no-cleanup"])
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn");
+    Process::spawn("idem-writer", cmd)
+}

@@ -1,0 +1,137 @@
+//! An open Redis key holding (or about to hold) an idem record.
+//!
+//! The module sets `NO_IMPLICIT_SIGNAL_MODIFIED`, so closing a key opened for
+//! writing signals nothing: a command that changed it calls `modified`
+//! (WATCH, client-side caching), one that did not (a replay, an error) leaves
+//! watchers alone.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use idem_core::record::NO_EXPIRY;
+use idem_core::{Error, Record};
+use redis_module::raw;
+
+use super::api;
+use super::ctx::{Ctx, Name};
+
+/// The registered `idem-recd` type (set once at load).
+static TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Remembers the module type that holds records (`datatype` registers it).
+pub fn set_record_type(t: *mut raw::RedisModuleType) {
+    TYPE.store(t, Ordering::Relaxed);
+}
+
+pub struct Key {
+    ptr: *mut raw::RedisModuleKey,
+    ctx: Ctx,
+    name: Name,
+}
+
+impl Key {
+    /// Opens `name` in the context's selected database for reading and
+    /// writing.
+    pub fn open(ctx: Ctx, name: Name) -> Key {
+        Self::open_mode(ctx, name, raw::REDISMODULE_READ | raw::REDISMODULE_WRITE)
+    }
+
+    /// Opens `name` read-only. A missing key reads as empty.
+    pub fn open_read(ctx: Ctx, name: Name) -> Key {
+        Self::open_mode(ctx, name, raw::REDISMODULE_READ)
+    }
+
+    fn open_mode(ctx: Ctx, name: Name, mode: u32) -> Key {
+        // SAFETY: a live context and a string valid for this call; the key
+        // is closed on drop.
+        let ptr = unsafe { api!(RedisModule_OpenKey)(ctx.raw(), name.0, mode as c_int) };
+        Key {
+            ptr: ptr.cast(),
+            ctx,
+            name,
+        }
+    }
+
+    /// The record under the key; `WRONGTYPE` when the key holds something
+    /// else.
+    pub fn record(&mut self) -> Result<Option<&mut Record>, Error> {
+        // SAFETY: an open key. A module value of our type is a Box<Record>
+        // this module stored, owned by Redis until the free callback; the
+        // borrow is tied to this handle, which the command holds.
+        unsafe {
+            let kind = api!(RedisModule_KeyType)(self.ptr);
+            if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+                return Ok(None);
+            }
+            if kind != raw::REDISMODULE_KEYTYPE_MODULE as c_int
+                || api!(RedisModule_ModuleTypeGetType)(self.ptr) != TYPE.load(Ordering::Relaxed)
+            {
+                return Err(Error::WrongType);
+            }
+            let value = api!(RedisModule_ModuleTypeGetValue)(self.ptr);
+            Ok(value.cast::<Record>().as_mut())
+        }
+    }
+
+    /// Stores `record` with its absolute expiry, and signals the change.
+    pub fn store(&self, record: Record) {
+        let expires_at = record.expires_at;
+        // SAFETY: a key opened for writing; Redis owns the box from here and
+        // frees it with the type's free callback.
+        unsafe {
+            api!(RedisModule_ModuleTypeSetValue)(
+                self.ptr,
+                TYPE.load(Ordering::Relaxed),
+                Box::into_raw(Box::new(record)).cast(),
+            );
+        }
+        self.set_abs_expire(expires_at);
+        self.modified();
+    }
+
+    /// Tells Redis the key changed: WATCHers abort, tracking clients are
+    /// invalidated.
+    pub fn modified(&self) {
+        // SAFETY: the context and name the key was opened with.
+        unsafe { api!(RedisModule_SignalModifiedKey)(self.ctx.raw(), self.name.0) };
+    }
+
+    /// Signals the key modified, then reads its record (for changes made in
+    /// place through an earlier `record()` borrow).
+    pub fn signal_then_record(&mut self) -> Result<Option<&mut Record>, Error> {
+        self.modified();
+        self.record()
+    }
+
+    /// The key's absolute expiry, `NO_EXPIRY` when it has none.
+    pub fn expiry(&self) -> u64 {
+        // SAFETY: an open key.
+        let at = unsafe { api!(RedisModule_GetAbsExpire)(self.ptr) };
+        u64::try_from(at).unwrap_or(NO_EXPIRY)
+    }
+
+    /// Sets the key's absolute expiry; `NO_EXPIRY` removes it.
+    fn set_abs_expire(&self, at_ms: u64) {
+        let at = if at_ms == NO_EXPIRY {
+            raw::REDISMODULE_NO_EXPIRE as i64
+        } else {
+            at_ms.min(i64::MAX as u64) as i64
+        };
+        // SAFETY: a key opened for writing that holds a value.
+        unsafe { api!(RedisModule_SetAbsExpire)(self.ptr, at) };
+    }
+
+    /// Deletes the key, and signals the change.
+    pub fn delete(&self) {
+        // SAFETY: a key opened for writing.
+        unsafe { api!(RedisModule_DeleteKey)(self.ptr) };
+        self.modified();
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        // SAFETY: opened by OpenKey, closed once.
+        unsafe { api!(RedisModule_CloseKey)(self.ptr) };
+    }
+}

@@ -1,0 +1,112 @@
+//! Keyspace and server events that change records behind idem's back:
+//! deletes, expiry, eviction, renames, moves, copies, overwrites, TTL
+//! changes, flushes and SWAPDB. They update the outbox and the records'
+//! `expires_at` in place, and wake waiters through a timer (a callback
+//! outside a command must not write).
+
+use std::ffi::{c_char, c_int, c_void};
+
+use redis_module::raw;
+
+use super::{flushed, forget, is_tracked, swapped, track};
+use crate::ffi::call::guard;
+use crate::ffi::ctx::{Ctx, Name};
+use crate::ffi::events::{
+    event_name, flushed_db, subscribe_keyspace, subscribe_server, swapped_dbs, ServerEvent,
+    KEY_CHANGES,
+};
+use crate::ffi::key::Key;
+use crate::waiters;
+
+/// Subscribes to the keyspace and server events that change the outbox.
+pub fn subscribe(ctx: Ctx) -> Result<(), String> {
+    subscribe_keyspace(ctx, KEY_CHANGES, on_keyspace_event)?;
+    subscribe_server(ctx, ServerEvent::FlushDb, on_flush)?;
+    subscribe_server(ctx, ServerEvent::SwapDb, on_swapdb)
+}
+
+extern "C" fn on_keyspace_event(
+    ctx: *mut raw::RedisModuleCtx,
+    _type: c_int,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    guard("keyspace event", (), || {
+        let (ctx, key) = (Ctx::from_raw(ctx), Name::from_raw(key));
+        let (name, db, event) = (key.bytes(), ctx.db(), event_name(event));
+        if matches!(event, b"expire" | b"persist") {
+            // The key's TTL changed: the record's `expires_at` follows it,
+            // the same way on primary, replicas and AOF replay (each applies
+            // the TTL command and gets this event).
+            follow_ttl(ctx, key);
+            return;
+        }
+        // A record may arrive under a new name; other events mostly concern
+        // keys idem does not track: return fast for those.
+        let arrives = matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore");
+        if !arrives && !is_tracked(db, name) && !waiters::has(db, name) {
+            return;
+        }
+        match event {
+            b"del" | b"expired" | b"evicted" | b"rename_from" | b"move_from" => forget(db, name),
+            // Anything else may have replaced the value: look again.
+            _ => resync(ctx, db, key),
+        }
+        waiters::key_gone(ctx, db, name);
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Re-reads the key and brings its outbox entry (and the record's expiry)
+/// in line.
+fn resync(ctx: Ctx, db: i32, key: Name) {
+    let mut k = Key::open_read(ctx, key);
+    let expiry = k.expiry();
+    match k.record() {
+        Ok(Some(record)) => {
+            record.expires_at = expiry;
+            track(db, key.bytes(), record);
+        }
+        _ => forget(db, key.bytes()),
+    }
+}
+
+/// Sets the record's `expires_at` to the key's TTL (a module value may be
+/// updated in place here: nothing is written to the keyspace or propagated).
+fn follow_ttl(ctx: Ctx, key: Name) {
+    let mut k = Key::open_read(ctx, key);
+    let expiry = k.expiry();
+    if let Ok(Some(record)) = k.record() {
+        record.expires_at = expiry;
+    }
+}
+
+extern "C" fn on_flush(
+    ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    guard("flush event", (), || {
+        if let Some(db) = flushed_db(subevent, data) {
+            flushed(db);
+            waiters::recheck_dbs(Ctx::from_raw(ctx), &[db]);
+        }
+    })
+}
+
+/// `SWAPDB a b`: the outboxes move with the data; waiters stay with their
+/// database number and look at what is there now.
+extern "C" fn on_swapdb(
+    ctx: *mut raw::RedisModuleCtx,
+    _eid: raw::RedisModuleEvent,
+    _subevent: u64,
+    data: *mut c_void,
+) {
+    guard("swapdb event", (), || {
+        if let Some((a, b)) = swapped_dbs(data) {
+            swapped(a, b);
+            waiters::recheck_dbs(Ctx::from_raw(ctx), &[a, b]);
+        }
+    })
+}

@@ -1,0 +1,191 @@
+//! `IDEM.MIRROR.PULL count [CLAIM ms] [BLOCK ms]` and `IDEM.MIRROR.ACK key
+//! token`, and the pullers blocked waiting for records.
+
+use std::ffi::{c_int, c_void};
+use std::ptr;
+
+use idem_core::wire::{self, ReplySink};
+use idem_core::{args, engine, Error, Record};
+use redis_module::raw;
+
+use super::{forget, with_index};
+use crate::ffi::acl::Caller;
+use crate::ffi::blocked::{private_data, BlockedClient, Timer};
+use crate::ffi::call::{arg_bytes, guard, Call};
+use crate::ffi::ctx::{now_ms, Ctx};
+use crate::ffi::key::Key;
+use crate::{config, stats, Shared};
+
+/// A client blocked in `IDEM.MIRROR.PULL ... BLOCK`.
+struct Puller {
+    id: u64,
+    bc: BlockedClient,
+    db: i32,
+}
+
+struct Pullers {
+    list: Vec<Puller>,
+    next_id: u64,
+}
+
+/// Blocked pullers. Each leaves this list exactly once, and whoever takes it
+/// out unblocks it: a wake-up, its deadline timer, or its disconnect.
+static PULLERS: Shared<Pullers> = Shared::new(Pullers {
+    list: Vec::new(),
+    next_id: 1,
+});
+
+/// `IDEM.MIRROR.PULL count [CLAIM ms] [BLOCK ms]`
+pub fn pull(call: &Call) -> Result<(), Error> {
+    let req = args::pull(&call.args, config::mirror_claim_ms())?;
+    let db = call.ctx.db();
+    let batch = claim(call.ctx, db, &req);
+    match req.block_ms {
+        Some(ms) if ms > 0 && batch.is_empty() && call.ctx.may_block() => {
+            let next = with_index(db, |i| i.next_available_at()).flatten();
+            let timeout = next.map_or(ms, |at| ms.min(at.saturating_sub(now_ms()).max(1)));
+            block_puller(call.ctx, db, timeout);
+        }
+        _ => reply_batch(call.ctx, &batch),
+    }
+    Ok(())
+}
+
+/// Claims up to `count` records the caller may read; drops index entries
+/// whose record is gone, replaced or already mirrored.
+fn claim<'a>(ctx: Ctx, db: i32, req: &args::Pull) -> Vec<(Vec<u8>, &'a Record)> {
+    let now = now_ms();
+    let caller = Caller::of(ctx);
+    let mut out = Vec::new();
+    loop {
+        let want = req.count - out.len();
+        // Only records the caller may read are handed out or claimed: a user
+        // limited to `~pay:*` neither sees nor hides anyone else's.
+        let claimed = with_index(db, |i| {
+            i.claim_where(now, want, req.claim_ms, |k| caller.may_read(k))
+        })
+        .unwrap_or_default();
+        if claimed.is_empty() {
+            return out;
+        }
+        for (name, token) in claimed {
+            let key_name = ctx.string(&name);
+            let mut key = Key::open_read(ctx, key_name.name());
+            let rec = key.record().ok().flatten().map(|r| {
+                // SAFETY: the value stays in the keyspace until this command
+                // (or reply callback) returns: nothing else runs on the main
+                // thread before the reply is written.
+                unsafe { &*(r as *const Record) }
+            });
+            match rec {
+                Some(r) if r.token == token && r.mirror_pending() => out.push((name, r)),
+                _ => forget(db, &name),
+            }
+        }
+        if out.len() == req.count {
+            return out;
+        }
+    }
+}
+
+fn reply_batch(ctx: Ctx, batch: &[(Vec<u8>, &Record)]) {
+    wire::write_pull_batch(
+        &mut ctx.reply(),
+        batch.iter().map(|(key, r)| (&key[..], *r)),
+    );
+}
+
+fn block_puller(ctx: Ctx, db: i32, timeout_ms: u64) {
+    let bc = BlockedClient::block(ctx, puller_reply, free_db, puller_disconnected);
+    let mut pullers = PULLERS.lock();
+    let id = pullers.next_id;
+    pullers.next_id += 1;
+    // Not stopped when the puller is woken earlier: it then finds nobody.
+    Timer::start(ctx, timeout_ms, puller_deadline, id as usize as *mut c_void);
+    pullers.list.push(Puller { id, bc, db });
+}
+
+/// Answers blocked pullers: each claims what is there when it runs.
+pub fn wake_pullers() {
+    let woken = std::mem::take(&mut PULLERS.lock().list);
+    for p in woken {
+        p.bc.unblock(Box::into_raw(Box::new(p.db)).cast::<c_void>());
+    }
+}
+
+/// Takes a blocked puller out of the list; None when it already left (and
+/// so was already unblocked: unblocking twice would free it twice).
+fn take_puller(pick: impl Fn(&Puller) -> bool) -> Option<Puller> {
+    let mut pullers = PULLERS.lock();
+    let pos = pullers.list.iter().position(pick)?;
+    Some(pullers.list.swap_remove(pos))
+}
+
+extern "C" fn puller_reply(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    guard("pull reply", (), || {
+        let ctx = Ctx::from_raw(ctx);
+        let data = private_data(ctx).cast::<i32>();
+        // SAFETY: pullers are unblocked with a boxed database number, freed
+        // by `free_db` after this callback.
+        let db = unsafe { data.as_ref() }.copied().unwrap_or(0);
+        // Re-parse the blocked command's arguments and answer with a claim.
+        let batch = match args::pull(&arg_bytes(argv, argc), config::mirror_claim_ms()) {
+            Ok(req) => {
+                ctx.select_db(db);
+                claim(ctx, db, &req)
+            }
+            Err(_) => Vec::new(),
+        };
+        reply_batch(ctx, &batch);
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+/// The puller's `BLOCK` ran out: it answers with whatever it can claim now
+/// (usually nothing).
+extern "C" fn puller_deadline(_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    guard("pull deadline", (), || {
+        let id = data as usize as u64;
+        if let Some(p) = take_puller(|p| p.id == id) {
+            p.bc.unblock(Box::into_raw(Box::new(p.db)).cast::<c_void>());
+        }
+    })
+}
+
+extern "C" fn puller_disconnected(
+    _ctx: *mut raw::RedisModuleCtx,
+    bc: *mut raw::RedisModuleBlockedClient,
+) {
+    guard("pull disconnect", (), || {
+        let bc = BlockedClient::from_raw(bc);
+        if let Some(p) = take_puller(|p| p.bc == bc) {
+            p.bc.unblock(ptr::null_mut());
+        }
+    })
+}
+
+extern "C" fn free_db(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
+    if !privdata.is_null() {
+        // SAFETY: the Box<i32> a puller was unblocked with, freed once.
+        drop(unsafe { Box::from_raw(privdata.cast::<i32>()) });
+    }
+}
+
+/// `IDEM.MIRROR.ACK key token`
+pub fn ack(call: &Call) -> Result<(), Error> {
+    let req = args::key_token(&call.args, "IDEM.MIRROR.ACK key token")?;
+    let mut key = Key::open(call.ctx, call.key());
+    let (matched, changed) = engine::ack(key.record()?, req.token);
+    if changed {
+        key.modified();
+        forget(call.ctx.db(), req.key);
+        stats::MIRROR_ACKS.incr();
+        call.ctx.replicate_verbatim();
+    }
+    call.ctx.reply().int(matched.into());
+    Ok(())
+}
