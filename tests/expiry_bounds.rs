@@ -8,7 +8,6 @@ use common::*;
 use idem_testkit::RedisServer;
 
 #[test]
-#[ignore = "module bug: PEXPIRE/EXPIREAT past 2255 on an idem key gives a record whose expires_at fails load validation; the RDB then no longer loads and the server does not start"]
 fn far_ttls_survive_save_and_restart() {
     let mut s = RedisServer::start();
     let mut c = s.conn();
