@@ -21,7 +21,7 @@ fn valkey_warning(version: &str) -> Option<String> {
     let parts: Vec<u32> = version.split('.').map_while(|p| p.parse().ok()).collect();
     let v = [0, 1, 2].map(|i| parts.get(i).copied().unwrap_or(0));
     let (from, fixed) = VALKEY_DB_SWITCH;
-    (v >= from && v < fixed).then(|| {
+    (from..fixed).contains(&v).then(|| {
         format!(
             "idem: Valkey {version} has a bug that idem's keyspace events trigger: a client that runs \
              MOVE or COPY ... DB stays switched to the destination database. Upgrade to Valkey \

@@ -69,7 +69,7 @@ fn an_affected_server_is_named_in_the_log_at_load() {
     let affected = i.get("valkey_version").is_some_and(|v| {
         let p: Vec<u32> = v.split('.').map_while(|x| x.parse().ok()).collect();
         let v = [0, 1, 2].map(|k| p.get(k).copied().unwrap_or(0));
-        v >= [8, 0, 0] && v < [9, 1, 1]
+        ([8, 0, 0]..[9, 1, 1]).contains(&v)
     });
     let warned = s.log().contains("stays switched to the destination database");
     assert_eq!(warned, affected, "{}", server_name(&mut c));
