@@ -71,6 +71,8 @@ fn an_affected_server_is_named_in_the_log_at_load() {
         let v = [0, 1, 2].map(|k| p.get(k).copied().unwrap_or(0));
         ([8, 0, 0]..[9, 1, 1]).contains(&v)
     });
-    let warned = s.log().contains("stays switched to the destination database");
+    let warned = s
+        .log()
+        .contains("stays switched to the destination database");
     assert_eq!(warned, affected, "{}", server_name(&mut c));
 }
