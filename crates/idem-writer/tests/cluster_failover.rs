@@ -332,14 +332,13 @@ async fn cluster_script_starts_a_cluster_the_writer_mirrors() {
     assert!(mirrored, "{}", writer.log_tail());
     let rows = rows(&pg).await;
     assert!(tokens.iter().all(|(k, t)| rows[k].token == *t));
-    let (_, text) = writer.http_get("/metrics");
-    assert_eq!(
+    let mirrored_nodes = |text: &str| {
         text.lines()
             .filter(|l| l.starts_with("idem_writer_node_mirrored{") && l.ends_with(" 1"))
-            .count(),
-        3,
-        "{text}"
-    );
+            .count()
+    };
+    let (_, text) = writer.http_get("/metrics");
+    assert_eq!(mirrored_nodes(&text), 3, "{text}\n{}", writer.log_tail());
     drop(writer);
 
     let (ok, out) = script("stop");
