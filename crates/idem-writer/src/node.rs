@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::backoff::Backoff;
+use crate::backoff::{sleep_unless, Backoff};
 use crate::config::WriterConfig;
 use crate::metrics::{ErrorKind, Metrics, NodeMetrics};
 use crate::postgres::{store_batch, Stored};
@@ -332,14 +332,6 @@ pub async fn poll_mirror_info(
         if !sleep_unless(&stop, interval).await {
             return;
         }
-    }
-}
-
-/// Sleeps for `delay`; `false` (at once) when `token` is cancelled.
-pub async fn sleep_unless(token: &CancellationToken, delay: Duration) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(delay) => true,
-        () = token.cancelled() => false,
     }
 }
 
