@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod info;
 pub mod postgres_server;
+pub mod wire;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -43,7 +43,8 @@ pub fn text(value: &Value) -> String {
 }
 
 pub async fn state_of(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
-    idem_get(conn, key).await.map(|f| text(&f["state"]))
+    let record = idem_testkit::wire::idem_get_async(conn, key).await?;
+    Some(idem_testkit::wire::state_word(&record).to_string())
 }
 
 /// An axum router served on 127.0.0.1 until dropped.
