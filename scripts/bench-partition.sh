@@ -55,8 +55,8 @@ run_layout() {
     SELECT 'bench:' || md5(i::text), md5(i::text) || md5((-i)::text),
            convert_to(repeat('x', $BODY_BYTES), 'UTF8'), 201, 'completed',
            CASE WHEN i % 2 = 0
-                THEN date_trunc('day', now()) - make_interval(secs => (i * 7919) % 432000 + 1)
-                ELSE date_trunc('day', now()) + interval '1 day' + make_interval(secs => (i * 7919) % 432000)
+                THEN date_trunc('day', now()) - make_interval(secs => (i::int8 * 7919) % 432000 + 1)
+                ELSE date_trunc('day', now()) + interval '1 day' + make_interval(secs => (i::int8 * 7919) % 432000)
            END,
            ARRAY[convert_to('content-type', 'UTF8'), convert_to('application/json', 'UTF8')],
            1700000000000000 + i, now(), now()
