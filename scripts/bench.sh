@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every benchmark and prints its figures: the module against SET NX, a
 # Lua script and GET (bench-module.sh), the Postgres mirror (bench-mirror.sh),
-# the HTTP middleware (bench-http.sh), and WAIT wake-up cost.
-# `scripts/bench.sh module|mirror|http|wait` runs one of them.
+# the HTTP middleware (bench-http.sh), WAIT wake-up cost, and cleanup of the
+# partitioned vs the unpartitioned table (bench-partition.sh, 10M rows).
+# `scripts/bench.sh module|mirror|http|wait|partition` runs one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
@@ -20,11 +21,13 @@ case ${1:-all} in
   mirror) scripts/bench-mirror.sh ;;
   http) scripts/bench-http.sh ;;
   wait) run_wait ;;
+  partition) scripts/bench-partition.sh ;;
   all)
     scripts/bench-module.sh
     echo; run_wait
     echo; scripts/bench-mirror.sh
     echo; scripts/bench-http.sh
+    echo; scripts/bench-partition.sh
     ;;
-  *) echo "usage: $0 [module|mirror|http|wait]" >&2; exit 2 ;;
+  *) echo "usage: $0 [module|mirror|http|wait|partition]" >&2; exit 2 ;;
 esac

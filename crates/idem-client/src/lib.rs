@@ -19,7 +19,7 @@ mod wait_connections;
 pub use call::DEFAULT_CALL_TIMEOUT;
 pub use client::IdemClient;
 pub use error::IdemError;
-pub use fence::{Claim, Fence, FenceTransaction};
+pub use fence::{Claim, Fence, FenceTransaction, TableLayout};
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use middleware::{Idempotency, IdempotencyLayer};
 pub use outcome::{BeginOptions, Origin, Outcome, StoredResponse};

@@ -1,28 +1,92 @@
 //! The fence's SQL protocol against a real Postgres: many concurrent claims
 //! of one key commit one effect, a stale token never commits over a newer
 //! one, expired rows are reused, mismatches and open holders are refused,
-//! and the writer's upsert and cleanup agree with fence rows.
+//! and the writer's upsert and cleanup agree with fence rows; on both
+//! layouts of `idempotency_keys`. On the partitioned one, the writer and the
+//! fence racing on one key keep one row (and the naive `ON CONFLICT (key,
+//! expires_at)` would not).
 
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Manager, Pool};
 use futures_util::future::join_all;
-use idem_client::{Claim, Fence, StoredResponse};
+use idem_client::{Claim, Fence, StoredResponse, TableLayout};
 use idem_testkit::PgDatabase;
 use idem_writer::MirrorRecord;
 use tokio_postgres::{Client, NoTls};
 
 const TTL: Duration = Duration::from_secs(3600);
 
-async fn database() -> (PgDatabase, Client) {
+/// Runs a test body `async fn name(layout: TableLayout)` once per layout.
+macro_rules! both_layouts {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn unpartitioned() {
+                super::$name(idem_client::TableLayout::Unpartitioned).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn partitioned() {
+                super::$name(idem_client::TableLayout::Partitioned).await
+            }
+        }
+    };
+}
+
+fn writer_layout(layout: TableLayout) -> idem_writer::Layout {
+    match layout {
+        TableLayout::Unpartitioned => idem_writer::Layout::Unpartitioned,
+        TableLayout::Partitioned => idem_writer::Layout::Partitioned,
+    }
+}
+
+async fn database(layout: TableLayout) -> (PgDatabase, Client) {
     let db = PgDatabase::create();
     let mut client = db.connect().await;
-    idem_writer::migrate(&mut client).await.expect("migrate");
+    idem_writer::migrate_with_layout(&mut client, writer_layout(layout))
+        .await
+        .expect("migrate");
     client
         .batch_execute("CREATE TABLE effects (key TEXT NOT NULL, token BIGINT NOT NULL)")
         .await
         .expect("effects table");
     (db, client)
+}
+
+fn new_fence(
+    layout: TableLayout,
+    key: &str,
+    token: u64,
+    fingerprint: &[u8],
+    ttl: Duration,
+) -> Fence {
+    Fence::new(key, token, fingerprint, ttl).with_layout(layout)
+}
+
+/// The writer's batch upsert on `layout`, partitions created first.
+async fn writer_upsert(client: &Client, layout: TableLayout, records: &[MirrorRecord]) -> u64 {
+    use idem_writer::partitions::{day_of_ms, ensure_days};
+    use idem_writer::store::{upsert_with, Statements};
+    use idem_writer::store::{LOCK_KEYS_SQL, PARTITIONED_UPSERT_SQL, UPSERT_SQL};
+    match layout {
+        TableLayout::Unpartitioned => {
+            let upsert = client.prepare(UPSERT_SQL).await.unwrap();
+            upsert_with(client, Statements::Unpartitioned(&upsert), records).await
+        }
+        TableLayout::Partitioned => {
+            ensure_days(client, records.iter().map(|r| day_of_ms(r.expires_at_ms)))
+                .await
+                .unwrap();
+            let lock = client.prepare(LOCK_KEYS_SQL).await.unwrap();
+            let upsert = client.prepare(PARTITIONED_UPSERT_SQL).await.unwrap();
+            let statements = Statements::Partitioned {
+                lock: &lock,
+                upsert: &upsert,
+            };
+            upsert_with(client, statements, records).await
+        }
+    }
+    .expect("writer upsert")
 }
 
 fn response(token: u64) -> StoredResponse {
@@ -72,9 +136,9 @@ async fn row(client: &Client, key: &str) -> Option<(String, i64, Option<i32>)> {
         .map(|r| (r.get(0), r.get(1), r.get(2)))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_claims_commit_exactly_one_effect() {
-    let (db, client) = database().await;
+both_layouts!(concurrent_claims_commit_exactly_one_effect);
+async fn concurrent_claims_commit_exactly_one_effect(layout: TableLayout) {
+    let (db, client) = database(layout).await;
     for round in 0..5 {
         let key = format!("k-{round}");
         // 24 holders with distinct tokens (as takeovers would hand out), each
@@ -84,7 +148,7 @@ async fn concurrent_claims_commit_exactly_one_effect() {
             tokio::spawn(async move {
                 let (mut client, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
                 tokio::spawn(conn);
-                let fence = Fence::new(key, 1000 + token, b"fp", TTL);
+                let fence = new_fence(layout, &key, 1000 + token, b"fp", TTL);
                 loop {
                     match attempt(&mut client, &fence).await {
                         Claim::InFlight => tokio::time::sleep(Duration::from_millis(2)).await,
@@ -118,12 +182,12 @@ async fn concurrent_claims_commit_exactly_one_effect() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key() {
-    let (db, mut first) = database().await;
+both_layouts!(an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key);
+async fn an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key(layout: TableLayout) {
+    let (db, mut first) = database(layout).await;
     let mut second = db.connect().await;
-    let older = Fence::new("k", 10, b"fp", TTL);
-    let newer = Fence::new("k", 20, b"fp", TTL);
+    let older = new_fence(layout, "k", 10, b"fp", TTL);
+    let newer = new_fence(layout, "k", 20, b"fp", TTL);
 
     let holding = first.transaction().await.unwrap();
     assert_eq!(older.claim(&holding).await.unwrap(), Claim::Proceed);
@@ -144,12 +208,12 @@ async fn an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key() {
     assert_eq!(effects(&second, "k").await, vec![20]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_token_never_commits_over_a_newer_one() {
-    let (db, mut client) = database().await;
+both_layouts!(a_stale_token_never_commits_over_a_newer_one);
+async fn a_stale_token_never_commits_over_a_newer_one(layout: TableLayout) {
+    let (db, mut client) = database(layout).await;
     let mut other = db.connect().await;
-    let stale = Fence::new("k", 10, b"fp", TTL);
-    let newer = Fence::new("k", 20, b"fp", TTL);
+    let stale = new_fence(layout, "k", 10, b"fp", TTL);
+    let newer = new_fence(layout, "k", 20, b"fp", TTL);
 
     assert_eq!(attempt(&mut client, &newer).await, Claim::Proceed);
     // The stale holder wakes up: it gets the newer holder's answer.
@@ -168,52 +232,55 @@ async fn a_stale_token_never_commits_over_a_newer_one() {
     // A stale holder's uncompleted claim left behind (committed by hand) is
     // taken over by a newer token; a newer one is never taken by an older.
     let tx = client.transaction().await.unwrap();
-    let left = Fence::new("j", 30, b"fp", TTL);
+    let left = new_fence(layout, "j", 30, b"fp", TTL);
     assert_eq!(left.claim(&tx).await.unwrap(), Claim::Proceed);
     tx.commit().await.unwrap();
     assert_eq!(
-        attempt(&mut client, &Fence::new("j", 25, b"fp", TTL)).await,
+        attempt(&mut client, &new_fence(layout, "j", 25, b"fp", TTL)).await,
         Claim::InFlight
     );
     assert_eq!(
-        attempt(&mut client, &Fence::new("j", 40, b"fp", TTL)).await,
+        attempt(&mut client, &new_fence(layout, "j", 40, b"fp", TTL)).await,
         Claim::Proceed
     );
     assert_eq!(effects(&client, "j").await, vec![40]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_rows_are_reused_and_mismatches_refused() {
-    let (_db, mut client) = database().await;
+both_layouts!(expired_rows_are_reused_and_mismatches_refused);
+async fn expired_rows_are_reused_and_mismatches_refused(layout: TableLayout) {
+    let (_db, mut client) = database(layout).await;
     // Completed for another request, expired: reusable by a larger token.
-    let old = Fence::new("k", 10, b"old request", Duration::from_millis(1));
+    let old = new_fence(layout, "k", 10, b"old request", Duration::from_millis(1));
     assert_eq!(attempt(&mut client, &old).await, Claim::Proceed);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let fresh = Fence::new("k", 20, b"new request", TTL);
+    let fresh = new_fence(layout, "k", 20, b"new request", TTL);
     assert_eq!(attempt(&mut client, &fresh).await, Claim::Proceed);
     assert_eq!(effects(&client, "k").await, vec![10, 20]);
     // But not by a smaller one: that holder is stale.
-    let expired = Fence::new("e", 50, b"x", Duration::from_millis(1));
+    let expired = new_fence(layout, "e", 50, b"x", Duration::from_millis(1));
     assert_eq!(attempt(&mut client, &expired).await, Claim::Proceed);
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(
-        attempt(&mut client, &Fence::new("e", 40, b"x", TTL)).await,
+        attempt(&mut client, &new_fence(layout, "e", 40, b"x", TTL)).await,
         Claim::InFlight
     );
 
     // Same key, another request: 422, completed or merely claimed.
     assert_eq!(
-        attempt(&mut client, &Fence::new("k", 30, b"other", TTL)).await,
+        attempt(&mut client, &new_fence(layout, "k", 30, b"other", TTL)).await,
         Claim::Mismatch
     );
     let tx = client.transaction().await.unwrap();
     assert_eq!(
-        Fence::new("m", 30, b"a", TTL).claim(&tx).await.unwrap(),
+        new_fence(layout, "m", 30, b"a", TTL)
+            .claim(&tx)
+            .await
+            .unwrap(),
         Claim::Proceed
     );
     tx.commit().await.unwrap();
     assert_eq!(
-        attempt(&mut client, &Fence::new("m", 40, b"b", TTL)).await,
+        attempt(&mut client, &new_fence(layout, "m", 40, b"b", TTL)).await,
         Claim::Mismatch
     );
     assert_eq!(effects(&client, "k").await, vec![10, 20]);
@@ -238,47 +305,50 @@ fn mirror_record(key: &str, token: i64, fingerprint: &[u8]) -> MirrorRecord {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_writer_upsert_and_cleanup_agree_with_fence_rows() {
-    let (db, mut client) = database().await;
-    let upsert = client
-        .prepare(idem_writer::store::UPSERT_SQL)
-        .await
-        .unwrap();
-    let fence = Fence::new("k", 20, b"fp", TTL);
+both_layouts!(the_writer_upsert_and_cleanup_agree_with_fence_rows);
+async fn the_writer_upsert_and_cleanup_agree_with_fence_rows(layout: TableLayout) {
+    let (db, mut client) = database(layout).await;
+    let fence = new_fence(layout, "k", 20, b"fp", TTL);
     assert_eq!(attempt(&mut client, &fence).await, Claim::Proceed);
     // An older version from the mirror never overwrites the fence's row...
-    let n = idem_writer::store::upsert_records(&client, &upsert, &[mirror_record("k", 10, b"fp")])
-        .await
-        .unwrap();
+    let n = writer_upsert(&client, layout, &[mirror_record("k", 10, b"fp")]).await;
     assert_eq!(n, 0);
     assert_eq!(
         row(&client, "k").await.unwrap(),
         ("completed".into(), 20, Some(201))
     );
     // ...and a fence claim never overwrites a newer mirrored row.
-    idem_writer::store::upsert_records(&client, &upsert, &[mirror_record("w", 50, b"fp")])
-        .await
-        .unwrap();
-    let stale = Fence::new("w", 40, b"fp", TTL);
+    writer_upsert(&client, layout, &[mirror_record("w", 50, b"fp")]).await;
+    let stale = new_fence(layout, "w", 40, b"fp", TTL);
     let Claim::Replay(stored) = attempt(&mut client, &stale).await else {
         panic!("a mirrored completion is replayed");
     };
     assert_eq!(stored.body, "from the writer");
 
     // Cleanup removes expired fence rows but not one a transaction holds.
-    let short = Fence::new("x", 5, b"fp", Duration::from_millis(1));
+    let short = new_fence(layout, "x", 5, b"fp", Duration::from_millis(1));
     assert_eq!(attempt(&mut client, &short).await, Claim::Proceed);
     let mut holder = db.connect().await;
     let tx = holder.transaction().await.unwrap();
-    let held = Fence::new("y", 5, b"fp", Duration::from_millis(1));
+    let held = new_fence(layout, "y", 5, b"fp", Duration::from_millis(1));
     assert_eq!(held.claim(&tx).await.unwrap(), Claim::Proceed);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let removed = idem_writer::cleanup::delete_expired(&client, 100)
-        .await
-        .unwrap();
-    assert_eq!(removed, 1);
-    assert_eq!(row(&client, "x").await, None);
+    let cleaned = idem_writer::cleanup::clean(&client, 100, 1).await.unwrap();
+    match layout {
+        TableLayout::Unpartitioned => {
+            assert_eq!(cleaned.rows_deleted, 1);
+            assert_eq!(row(&client, "x").await, None);
+        }
+        TableLayout::Partitioned => {
+            // Today's partition stays until the day is over; the expired
+            // row in it is reusable meanwhile.
+            assert!(cleaned.partitions_dropped.is_empty());
+            assert_eq!(
+                attempt(&mut client, &new_fence(layout, "x", 6, b"other", TTL)).await,
+                Claim::Proceed
+            );
+        }
+    }
     fence_commit_after_cleanup(tx, &held).await;
     assert_eq!(row(&client, "y").await.unwrap().0, "completed");
 }
@@ -290,22 +360,123 @@ async fn fence_commit_after_cleanup(tx: tokio_postgres::Transaction<'_>, fence: 
         .expect("commit");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn works_with_deadpool_transactions() {
-    let (db, _client) = database().await;
+both_layouts!(works_with_deadpool_transactions);
+async fn works_with_deadpool_transactions(layout: TableLayout) {
+    let (db, _client) = database(layout).await;
     let config: tokio_postgres::Config = db.url.parse().unwrap();
     let pool = Pool::builder(Manager::new(config, NoTls))
         .max_size(2)
         .build()
         .unwrap();
     let mut conn = pool.get().await.unwrap();
-    let fence = Fence::new("k", 7, b"fp", TTL);
+    let fence = new_fence(layout, "k", 7, b"fp", TTL);
     let tx = conn.transaction().await.unwrap();
     assert_eq!(fence.claim(&tx).await.unwrap(), Claim::Proceed);
     fence.commit(tx, &response(7)).await.unwrap();
     let tx = conn.transaction().await.unwrap();
     assert_eq!(
-        Fence::new("k", 8, b"fp", TTL).claim(&tx).await.unwrap(),
+        new_fence(layout, "k", 8, b"fp", TTL)
+            .claim(&tx)
+            .await
+            .unwrap(),
         Claim::Replay(response(7))
     );
+}
+
+/// Writer upserts (token 10, expiring in 2 h) and fence claims (token 20,
+/// expiring in 1 h: another partition) racing on the same keys of the
+/// partitioned table: each key ends with one row. With `naive`, both sides
+/// use `ON CONFLICT (key, expires_at)` instead of the key's lock.
+async fn writer_and_fence_race(naive: bool) -> (usize, i64) {
+    let layout = TableLayout::Partitioned;
+    let (db, client) = database(layout).await;
+    let keys: Vec<String> = (0..40).map(|i| format!("race-{i}")).collect();
+    let mut tasks = Vec::new();
+    for name in &keys {
+        let (url, key) = (db.url.clone(), name.clone());
+        tasks.push(tokio::spawn(async move {
+            let (client, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+            tokio::spawn(conn);
+            let mut record = mirror_record(&key, 10, b"fp");
+            record.expires_at_ms += 3_600_000;
+            if naive {
+                let sql = idem_writer::store::UPSERT_SQL
+                    .replace("ON CONFLICT (key)", "ON CONFLICT (key, expires_at)");
+                let upsert = client.prepare(&sql).await.unwrap();
+                idem_writer::store::upsert_records(&client, &upsert, &[record])
+                    .await
+                    .unwrap();
+            } else {
+                writer_upsert(&client, layout, &[record]).await;
+            }
+        }));
+        let (url, key) = (db.url.clone(), name.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut client, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+            tokio::spawn(conn);
+            if naive {
+                let sql = idem_client::fence::CLAIM_SQL
+                    .replace("ON CONFLICT (key)", "ON CONFLICT (key, expires_at)");
+                let tx = client.transaction().await.unwrap();
+                let fp = idem_client::fingerprint::stored_hex(b"fp");
+                tx.query(&sql, &[&key, &fp, &20_i64, &3600.0_f64])
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            } else {
+                let fence = new_fence(layout, &key, 20, b"fp", TTL);
+                while attempt(&mut client, &fence).await == Claim::InFlight {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        }));
+    }
+    for task in join_all(tasks).await {
+        task.expect("task");
+    }
+    let duplicated = client
+        .query(
+            "SELECT key FROM idempotency_keys GROUP BY key HAVING count(*) > 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .len();
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM idempotency_keys", &[])
+        .await
+        .unwrap()
+        .get(0);
+    (duplicated, rows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_and_fence_on_one_key_keep_one_row_when_partitioned() {
+    let (duplicated, rows) = writer_and_fence_race(false).await;
+    assert_eq!((duplicated, rows), (0, 40));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teeth_naive_conflict_target_makes_two_rows_per_key_when_partitioned() {
+    let (duplicated, rows) = writer_and_fence_race(true).await;
+    assert!(
+        duplicated > 0,
+        "the naive conflict target kept one row per key"
+    );
+    assert_eq!(rows, 40 + duplicated as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unpartitioned_claim_on_a_partitioned_table_says_which_fence_to_use() {
+    let (_db, mut client) = database(TableLayout::Partitioned).await;
+    let tx = client.transaction().await.unwrap();
+    let error = Fence::new("k", 7, b"fp", TTL).claim(&tx).await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("Fence::with_layout(TableLayout::Partitioned)"),
+        "{error}"
+    );
+    drop(tx);
+    assert_eq!(row(&client, "k").await, None);
 }

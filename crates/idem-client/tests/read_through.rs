@@ -1,6 +1,6 @@
 //! Read-through from the Postgres mirror (the writer's `idempotency_keys`
 //! table) when Redis has lost a key: replay and refill, mismatch, expired
-//! rows, and an unreachable mirror.
+//! rows, and an unreachable mirror; on both layouts of the table.
 
 mod common;
 
@@ -11,6 +11,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use idem_client::fingerprint::stored_hex;
 use idem_client::{BeginOptions, IdemClient, Outcome, ReadThrough, StoredResponse};
 use idem_testkit::{free_port, PgDatabase, RedisServer};
+use idem_writer::Layout;
 
 fn pool(url: &str) -> Pool {
     let config: tokio_postgres::Config = url.parse().expect("database url");
@@ -30,12 +31,41 @@ fn pool(url: &str) -> Pool {
         .expect("pool")
 }
 
-async fn mirror_db() -> (PgDatabase, Pool) {
+/// Runs a test body `async fn name(layout: Layout)` once per layout.
+macro_rules! both_layouts {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn unpartitioned() {
+                super::$name(idem_writer::Layout::Unpartitioned).await
+            }
+            #[tokio::test]
+            async fn partitioned() {
+                super::$name(idem_writer::Layout::Partitioned).await
+            }
+        }
+    };
+}
+
+async fn mirror_db(layout: Layout) -> (PgDatabase, Pool) {
     let db = PgDatabase::create();
     let mut client = db.connect().await;
-    idem_writer::migrate(&mut client)
+    idem_writer::migrate_with_layout(&mut client, layout)
         .await
         .expect("mirror migration");
+    if layout == Layout::Partitioned {
+        // Rows expired a moment ago may fall on yesterday (UTC).
+        let yesterday = idem_writer::partitions::day_of_ms(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64
+                - 86_400_000,
+        );
+        idem_writer::partitions::ensure_days(&client, [yesterday])
+            .await
+            .expect("partition");
+    }
     let pool = pool(&db.url);
     (db, pool)
 }
@@ -66,10 +96,10 @@ fn expected_response() -> StoredResponse {
         .with_header("location", "/payments/9")
 }
 
-#[tokio::test]
-async fn a_key_only_the_mirror_knows_is_replayed_and_refilled() {
+both_layouts!(a_key_only_the_mirror_knows_is_replayed_and_refilled);
+async fn a_key_only_the_mirror_knows_is_replayed_and_refilled(layout: Layout) {
     let server = RedisServer::start();
-    let (_db, pool) = mirror_db().await;
+    let (_db, pool) = mirror_db(layout).await;
     insert_row(&pool, "lost", b"fp", 3600.0).await;
     let client = IdemClient::new(server.async_conn().await);
     let read_through = ReadThrough::new(pool.clone());
@@ -100,10 +130,10 @@ async fn a_key_only_the_mirror_knows_is_replayed_and_refilled() {
     assert_eq!(again, Outcome::Replay(expected_response()));
 }
 
-#[tokio::test]
-async fn another_fingerprint_is_a_mismatch_and_the_key_is_released() {
+both_layouts!(another_fingerprint_is_a_mismatch_and_the_key_is_released);
+async fn another_fingerprint_is_a_mismatch_and_the_key_is_released(layout: Layout) {
     let server = RedisServer::start();
-    let (_db, pool) = mirror_db().await;
+    let (_db, pool) = mirror_db(layout).await;
     insert_row(&pool, "lost", b"fp", 3600.0).await;
     let client = IdemClient::new(server.async_conn().await);
     let read_through = ReadThrough::new(pool);
@@ -117,10 +147,10 @@ async fn another_fingerprint_is_a_mismatch_and_the_key_is_released() {
     assert_eq!(state_of(&mut conn, "lost").await, None);
 }
 
-#[tokio::test]
-async fn expired_or_absent_rows_mean_new() {
+both_layouts!(expired_or_absent_rows_mean_new);
+async fn expired_or_absent_rows_mean_new(layout: Layout) {
     let server = RedisServer::start();
-    let (_db, pool) = mirror_db().await;
+    let (_db, pool) = mirror_db(layout).await;
     insert_row(&pool, "old", b"fp", -1.0).await;
     let client = IdemClient::new(server.async_conn().await);
     let read_through = ReadThrough::new(pool);

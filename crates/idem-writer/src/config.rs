@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use idem_core::args::MAX_PULL;
 
+use crate::partitions::{Layout, DEFAULT_DAYS_AHEAD};
 use crate::topology::Topology;
 
 /// Everything `run` needs. Build with [`WriterConfig::new`] and adjust the
@@ -29,6 +30,13 @@ pub struct WriterConfig {
     pub cleanup_interval: Option<Duration>,
     /// Rows deleted per cleanup transaction.
     pub cleanup_batch_size: u32,
+    /// The layout asked for: a fresh database is migrated to it, an existing
+    /// table of the other layout is refused. `None` keeps the existing table's
+    /// layout (a fresh database gets the unpartitioned one). `run` sets it to
+    /// the table's layout once migrated.
+    pub layout: Option<Layout>,
+    /// Partitioned layout: days of partitions each cleanup pass keeps ahead.
+    pub partition_days_ahead: u32,
     /// Where `/metrics` and `/healthz` are served; `None` serves nothing.
     pub metrics_addr: Option<SocketAddr>,
     /// How often `INFO idem` is read from each node for the pending gauges.
@@ -58,6 +66,8 @@ impl WriterConfig {
             block: Duration::from_secs(1),
             cleanup_interval: Some(Duration::from_secs(24 * 60 * 60)),
             cleanup_batch_size: 1000,
+            layout: None,
+            partition_days_ahead: DEFAULT_DAYS_AHEAD,
             metrics_addr: None,
             info_interval: Duration::from_secs(5),
             retry_initial: Duration::from_millis(50),

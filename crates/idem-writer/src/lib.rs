@@ -14,6 +14,7 @@ pub mod metrics;
 mod migrate;
 mod mirrors;
 mod node;
+pub mod partitions;
 mod postgres;
 pub mod record;
 mod redis_node;
@@ -24,7 +25,8 @@ mod topology;
 mod writer;
 
 pub use config::WriterConfig;
-pub use migrate::migrate;
+pub use migrate::{migrate, migrate_with_layout};
+pub use partitions::Layout;
 pub use record::MirrorRecord;
 pub use topology::Topology;
 pub use writer::{cleanup_once, connect, run};

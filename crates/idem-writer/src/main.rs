@@ -9,7 +9,8 @@ use anyhow::Context;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use idem_core::args::MAX_PULL;
 use idem_writer::duration::parse_duration;
-use idem_writer::{Topology, WriterConfig};
+use idem_writer::partitions::DEFAULT_DAYS_AHEAD;
+use idem_writer::{Layout, Topology, WriterConfig};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
@@ -33,9 +34,29 @@ enum Command {
     Migrate {
         #[command(flatten)]
         database: DatabaseArgs,
+        /// Layout of a fresh idempotency_keys (unpartitioned | partitioned); an existing table of the other layout is refused.
+        #[arg(long)]
+        layout: Option<Layout>,
     },
-    /// Delete expired rows: once with --once (printing how many), else on a schedule.
+    /// Delete expired rows (partitioned layout: drop expired partitions, create partitions ahead): once with --once, else on a schedule.
     Cleanup(CleanupArgs),
+    /// Partitioned layout: create the daily partitions ahead of today (idempotent).
+    Partitions {
+        #[command(subcommand)]
+        command: PartitionsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PartitionsCommand {
+    /// Create the partitions from yesterday to --days-ahead days after today, and the one for keys without TTL.
+    Ensure {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// Days of partitions to keep ahead of today (at least the longest TTL).
+        #[arg(long, default_value_t = DEFAULT_DAYS_AHEAD)]
+        days_ahead: u32,
+    },
 }
 
 #[derive(Args)]
@@ -101,6 +122,12 @@ struct RunArgs {
     /// Rows deleted per cleanup transaction.
     #[arg(long, default_value_t = 1000)]
     cleanup_batch_size: u32,
+    /// Layout of a fresh idempotency_keys (unpartitioned | partitioned); without it an existing table keeps its own.
+    #[arg(long)]
+    layout: Option<Layout>,
+    /// Partitioned layout: days of partitions each cleanup pass keeps ahead of today.
+    #[arg(long, default_value_t = DEFAULT_DAYS_AHEAD)]
+    partition_days_ahead: u32,
     /// Serve /metrics and /healthz here (e.g. 127.0.0.1:9187).
     #[arg(long, env = "METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
@@ -125,6 +152,9 @@ struct CleanupArgs {
     /// Schedule without --once.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     interval: Duration,
+    /// Partitioned layout: days of partitions to keep ahead of today.
+    #[arg(long, default_value_t = DEFAULT_DAYS_AHEAD)]
+    days_ahead: u32,
 }
 
 #[tokio::main]
@@ -142,16 +172,36 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = shutdown_signal()?;
     match cli.command {
         Command::Run(args) => idem_writer::run(writer_config(*args), shutdown).await,
-        Command::Migrate { database } => {
+        Command::Migrate { database, layout } => {
             let mut client = idem_writer::connect(&database.database_url).await?;
-            idem_writer::migrate(&mut client).await?;
+            match layout {
+                Some(layout) => idem_writer::migrate_with_layout(&mut client, layout).await?,
+                None => idem_writer::migrate(&mut client).await?,
+            }
             println!("migrations applied");
             Ok(())
         }
         Command::Cleanup(args) if args.once => {
-            let removed =
-                idem_writer::cleanup_once(&args.database.database_url, args.batch_size).await?;
-            println!("removed {removed} expired rows");
+            let cleaned = idem_writer::cleanup_once(
+                &args.database.database_url,
+                args.batch_size,
+                args.days_ahead,
+            )
+            .await?;
+            println!("{cleaned}");
+            Ok(())
+        }
+        Command::Partitions {
+            command:
+                PartitionsCommand::Ensure {
+                    database,
+                    days_ahead,
+                },
+        } => {
+            let client = idem_writer::connect(&database.database_url).await?;
+            idem_writer::partitions::require_partitioned(&client).await?;
+            let created = idem_writer::partitions::ensure_ahead(&client, days_ahead).await?;
+            println!("created {} partitions", created.len());
             Ok(())
         }
         Command::Cleanup(args) => cleanup_forever(args, shutdown).await,
@@ -175,6 +225,8 @@ fn writer_config(args: RunArgs) -> WriterConfig {
     config.block = Duration::from_millis(args.block_ms);
     config.cleanup_interval = (!args.no_cleanup).then_some(args.cleanup_interval);
     config.cleanup_batch_size = args.cleanup_batch_size;
+    config.layout = args.layout;
+    config.partition_days_ahead = args.partition_days_ahead;
     config.metrics_addr = args.metrics_addr;
     config.info_interval = args.info_interval;
     config.shutdown_grace = args.shutdown_grace;
@@ -200,8 +252,13 @@ async fn cleanup_forever(
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     loop {
-        match idem_writer::cleanup_once(&args.database.database_url, args.batch_size).await {
-            Ok(removed) => tracing::info!(removed, "cleanup removed expired rows"),
+        let pass = idem_writer::cleanup_once(
+            &args.database.database_url,
+            args.batch_size,
+            args.days_ahead,
+        );
+        match pass.await {
+            Ok(cleaned) => tracing::info!("cleanup: {cleaned}"),
             Err(error) => tracing::warn!(error = format!("{error:#}"), "cleanup failed"),
         }
         tokio::select! {

@@ -1,8 +1,10 @@
 //! Embedded, versioned schema migrations, applied under an advisory lock so
 //! that any number of writers may start (and migrate) at once.
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use tracing::{info, warn};
+
+use crate::partitions::{self, Layout, DEFAULT_DAYS_AHEAD};
 
 /// One schema change, applied once, in version order.
 struct Migration {
@@ -17,12 +19,37 @@ const MIGRATIONS: &[Migration] = &[Migration {
     sql: include_str!("../migrations/0001_idempotency_keys.sql"),
 }];
 
+/// Migration 1 for the partitioned layout (same columns and checks).
+const PARTITIONED_TABLE_SQL: &str =
+    include_str!("../migrations/0001_idempotency_keys_partitioned.sql");
+
 /// Transaction-scoped advisory lock serialising migrations ("idemwrit").
 const MIGRATION_LOCK_ID: i64 = 0x6964_656d_7772_6974;
 
 /// Applies every migration not yet recorded in `idem_writer_migrations`, all
 /// in one transaction. Idempotent; concurrent callers wait for each other.
+/// A fresh database gets the unpartitioned layout; an existing table keeps
+/// its layout.
 pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<()> {
+    migrate_to(client, None).await.map(|_| ())
+}
+
+/// [`migrate`] asking for `layout`: a fresh database gets it (the
+/// partitioned one with [`DEFAULT_DAYS_AHEAD`] days of partitions); an
+/// existing table of the other layout is refused, with the steps to convert
+/// it, and nothing changes.
+pub async fn migrate_with_layout(
+    client: &mut tokio_postgres::Client,
+    layout: Layout,
+) -> anyhow::Result<()> {
+    migrate_to(client, Some(layout)).await.map(|_| ())
+}
+
+/// Migrates, then answers the table's layout.
+pub(crate) async fn migrate_to(
+    client: &mut tokio_postgres::Client,
+    wanted: Option<Layout>,
+) -> anyhow::Result<Layout> {
     let tx = client
         .transaction()
         .await
@@ -50,11 +77,27 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<()> 
         .map(|row| row.get(0))
         .collect();
 
+    let existing = partitions::detect(&tx).await?;
+    if let (Some(have), Some(want)) = (existing, wanted) {
+        if have != want {
+            bail!(
+                "idempotency_keys exists with the {have} layout; it is not converted in place \
+                 (rows and keys stay as they are). To move to the {want} layout, see \
+                 docs/writer.md, \"Changing the layout\""
+            );
+        }
+    }
     for migration in MIGRATIONS {
         if applied.contains(&migration.version) {
             continue;
         }
-        tx.batch_execute(migration.sql).await.with_context(|| {
+        let partitioned = migration.version == 1 && wanted == Some(Layout::Partitioned);
+        let sql = if partitioned {
+            PARTITIONED_TABLE_SQL
+        } else {
+            migration.sql
+        };
+        tx.batch_execute(sql).await.with_context(|| {
             format!("apply migration {} ({})", migration.version, migration.name)
         })?;
         tx.execute(
@@ -78,5 +121,11 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<()> 
         );
     }
     tx.commit().await.context("commit migrations")?;
-    Ok(())
+    let layout = partitions::detect(client)
+        .await?
+        .context("idempotency_keys is missing after the migrations")?;
+    if layout == Layout::Partitioned {
+        partitions::ensure_ahead(client, DEFAULT_DAYS_AHEAD).await?;
+    }
+    Ok(layout)
 }

@@ -200,7 +200,7 @@ async fn commit(ctx: &Context, pool: &Pool, records: &[MirrorRecord]) -> Option<
     let mut backoff = Backoff::new(config.retry_initial, config.retry_max);
     loop {
         let attempt = tokio::select! {
-            result = store_batch(pool, records, config.statement_timeout) => result,
+            result = store_batch(pool, records, config.statement_timeout, config.layout.unwrap_or_default()) => result,
             () = ctx.shutdown.abort.cancelled() => return None,
         };
         match attempt {

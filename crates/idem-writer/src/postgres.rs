@@ -10,8 +10,11 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
+use crate::partitions::{day_of_ms, ensure_days, Layout};
 use crate::record::MirrorRecord;
-use crate::store::{latest_per_key, upsert_records, UPSERT_SQL};
+use crate::store::{
+    latest_per_key, upsert_with, Statements, LOCK_KEYS_SQL, PARTITIONED_UPSERT_SQL, UPSERT_SQL,
+};
 
 /// How long opening one Postgres connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -58,15 +61,16 @@ pub async fn store_batch(
     pool: &Pool,
     records: &[MirrorRecord],
     timeout: Duration,
+    layout: Layout,
 ) -> anyhow::Result<Stored> {
     let client = pool.get().await.context("get a Postgres connection")?;
-    let result = match upsert_in_time(&client, records, timeout).await {
+    let result = match upsert_in_time(&client, records, timeout, layout).await {
         Ok(written) => Ok(Stored {
             written,
             acks: all_acks(records, &HashSet::new()),
             refused: Vec::new(),
         }),
-        Err(UpsertError::Row(_)) => store_row_by_row(&client, records, timeout).await,
+        Err(UpsertError::Row(_)) => store_row_by_row(&client, records, timeout, layout).await,
         Err(UpsertError::Other(error)) => Err(error),
     };
     if result.is_err() {
@@ -81,11 +85,12 @@ async fn store_row_by_row(
     client: &Object,
     records: &[MirrorRecord],
     timeout: Duration,
+    layout: Layout,
 ) -> anyhow::Result<Stored> {
     let mut stored = Stored::default();
     let mut refused_keys = HashSet::new();
     for row in latest_per_key(records) {
-        match upsert_in_time(client, std::slice::from_ref(row), timeout).await {
+        match upsert_in_time(client, std::slice::from_ref(row), timeout, layout).await {
             Ok(written) => stored.written += written,
             Err(UpsertError::Row(reason)) => {
                 refused_keys.insert(row.key.clone());
@@ -108,20 +113,55 @@ async fn upsert_in_time(
     client: &Object,
     records: &[MirrorRecord],
     timeout: Duration,
+    layout: Layout,
 ) -> Result<u64, UpsertError> {
     let attempt = async {
-        let statement = client.prepare_cached(UPSERT_SQL).await?;
-        upsert_records(client, &statement, records).await
+        match layout {
+            Layout::Unpartitioned => {
+                let statement = client.prepare_cached(UPSERT_SQL).await?;
+                upsert_with(client, Statements::Unpartitioned(&statement), records).await
+            }
+            Layout::Partitioned => {
+                let days = records.iter().map(|r| day_of_ms(r.expires_at_ms));
+                ensure_days(client, days)
+                    .await
+                    .map_err(AttemptError::Partitions)?;
+                let lock = client.prepare_cached(LOCK_KEYS_SQL).await?;
+                let upsert = client.prepare_cached(PARTITIONED_UPSERT_SQL).await?;
+                let statements = Statements::Partitioned {
+                    lock: &lock,
+                    upsert: &upsert,
+                };
+                upsert_with(client, statements, records).await
+            }
+        }
+        .map_err(AttemptError::from)
     };
     match tokio::time::timeout(timeout, attempt).await {
-        Ok(Ok(written)) => Ok(written),
-        Ok(Err(error)) if is_row_level(&error) => Err(UpsertError::Row(error.to_string())),
-        Ok(Err(error)) => Err(UpsertError::Other(
+        Ok(Err(AttemptError::Partitions(error))) => Err(UpsertError::Other(error)),
+        Ok(Err(AttemptError::Postgres(error))) if is_row_level(&error) => {
+            Err(UpsertError::Row(error.to_string()))
+        }
+        Ok(Err(AttemptError::Postgres(error))) => Err(UpsertError::Other(
             anyhow::Error::new(error).context("upsert the batch"),
         )),
+        Ok(Ok(written)) => Ok(written),
         Err(_) => Err(UpsertError::Other(anyhow::anyhow!(
             "the upsert took longer than {timeout:?}"
         ))),
+    }
+}
+
+/// What failed in one attempt at a batch.
+enum AttemptError {
+    /// Creating the batch's partitions (not a row's fault).
+    Partitions(anyhow::Error),
+    Postgres(tokio_postgres::Error),
+}
+
+impl From<tokio_postgres::Error> for AttemptError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        AttemptError::Postgres(error)
     }
 }
 

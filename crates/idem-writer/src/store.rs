@@ -10,12 +10,10 @@ use tokio_postgres::{Client, Statement};
 
 use crate::record::MirrorRecord;
 
-/// Inserts the batch, or updates a row only when the incoming token is larger
-/// (at-least-once delivery, key reuse after expiry). Headers travel as two
-/// flat arrays (owning row number, item) and are regrouped per row, because a
-/// Postgres array cannot hold rows of different lengths. Rows are written in
-/// key order so that concurrent writers lock them in the same order.
-pub const UPSERT_SQL: &str = "
+/// The batch as rows: the column arrays unnested, headers regrouped per row.
+macro_rules! incoming_rows {
+    () => {
+        "
 WITH incoming AS (
     SELECT *
     FROM UNNEST($1::text[], $2::text[], $3::int4[], $4::bytea[], $5::int8[],
@@ -27,7 +25,18 @@ WITH incoming AS (
     SELECT h.row_no, array_agg(h.item ORDER BY h.item_no) AS items
     FROM UNNEST($9::int8[], $10::bytea[]) WITH ORDINALITY AS h(row_no, item, item_no)
     GROUP BY h.row_no
-)
+)"
+    };
+}
+
+/// Inserts the batch, or updates a row only when the incoming token is larger
+/// (at-least-once delivery, key reuse after expiry). Headers travel as two
+/// flat arrays (owning row number, item) and are regrouped per row, because a
+/// Postgres array cannot hold rows of different lengths. Rows are written in
+/// key order so that concurrent writers lock them in the same order.
+pub const UPSERT_SQL: &str = concat!(
+    incoming_rows!(),
+    "
 INSERT INTO idempotency_keys AS t
     (key, fingerprint, response_status, response_body, response_headers,
      status, token, created_at, completed_at, expires_at)
@@ -48,7 +57,69 @@ ON CONFLICT (key) DO UPDATE SET
     completed_at     = EXCLUDED.completed_at,
     expires_at       = EXCLUDED.expires_at
 WHERE t.token < EXCLUDED.token
+"
+);
+
+/// Partitioned layout, first statement of the batch's transaction: the
+/// per-key locks (the fence's gate lock ids), blocking, in key order. Every
+/// writer of a key's row holds this lock, so a later statement of the
+/// transaction (a new snapshot) sees the key's only row, wherever its
+/// partition, and nobody adds another. `$1` the keys, sorted.
+pub const LOCK_KEYS_SQL: &str = "
+SELECT count(pg_advisory_xact_lock(hashtextextended(k, 1768187245)))
+FROM (SELECT k FROM UNNEST($1::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n) AS sorted
 ";
+
+/// Partitioned layout, second statement (keys locked): moves an existing row
+/// forward only to a larger token (into another partition when its expiry
+/// changed), inserts the keys that have no row. Answers the rows written.
+pub const PARTITIONED_UPSERT_SQL: &str = concat!(
+    incoming_rows!(),
+    ", batch AS (
+    SELECT i.key, i.fingerprint, i.response_status, i.response_body,
+           COALESCE(h.items, '{}'::bytea[]) AS response_headers, i.token,
+           i.created_at, i.completed_at, i.expires_at
+    FROM incoming i
+    LEFT JOIN incoming_headers h ON h.row_no = i.row_no
+), moved AS (
+    UPDATE idempotency_keys AS t SET
+        fingerprint      = b.fingerprint,
+        response_status  = b.response_status,
+        response_body    = b.response_body,
+        response_headers = b.response_headers,
+        status           = 'completed',
+        token            = b.token,
+        created_at       = b.created_at,
+        completed_at     = b.completed_at,
+        expires_at       = b.expires_at
+    FROM batch b
+    WHERE t.key = b.key AND t.token < b.token
+    RETURNING 1
+), added AS (
+    INSERT INTO idempotency_keys
+        (key, fingerprint, response_status, response_body, response_headers,
+         status, token, created_at, completed_at, expires_at)
+    SELECT b.key, b.fingerprint, b.response_status, b.response_body,
+           b.response_headers, 'completed', b.token, b.created_at,
+           b.completed_at, b.expires_at
+    FROM batch b
+    WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys t WHERE t.key = b.key)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved) + (SELECT count(*) FROM added)
+"
+);
+
+/// The statements a batch runs with, per layout.
+pub enum Statements<'s> {
+    /// [`UPSERT_SQL`] prepared.
+    Unpartitioned(&'s Statement),
+    /// [`LOCK_KEYS_SQL`] and [`PARTITIONED_UPSERT_SQL`] prepared.
+    Partitioned {
+        lock: &'s Statement,
+        upsert: &'s Statement,
+    },
+}
 
 /// The newest version (largest token) of each key in `records`, sorted by
 /// key. Postgres refuses to touch one row twice in a statement, and an older
@@ -77,6 +148,18 @@ pub fn latest_per_key(records: &[MirrorRecord]) -> Vec<&MirrorRecord> {
 pub async fn upsert_records(
     client: &Client,
     statement: &Statement,
+    records: &[MirrorRecord],
+) -> Result<u64, tokio_postgres::Error> {
+    upsert_with(client, Statements::Unpartitioned(statement), records).await
+}
+
+/// [`upsert_records`] for either layout. The partitioned layout runs one
+/// transaction: the keys' locks, then the upsert, then COMMIT (rolled back
+/// on an error, so the connection stays usable). The partitions the rows
+/// need must exist ([`crate::partitions::ensure_days`]).
+pub async fn upsert_with(
+    client: &Client,
+    statements: Statements<'_>,
     records: &[MirrorRecord],
 ) -> Result<u64, tokio_postgres::Error> {
     let rows = latest_per_key(records);
@@ -111,7 +194,23 @@ pub async fn upsert_records(
         &header_rows,
         &header_items,
     ];
-    client.execute(statement, &params).await
+    match statements {
+        Statements::Unpartitioned(statement) => client.execute(statement, &params).await,
+        Statements::Partitioned { lock, upsert } => {
+            client.batch_execute("BEGIN").await?;
+            let attempt = async {
+                client.query_one(lock, &[&keys]).await?;
+                let written: i64 = client.query_one(upsert, &params).await?.get(0);
+                client.batch_execute("COMMIT").await?;
+                Ok(written.unsigned_abs())
+            };
+            let result = attempt.await;
+            if result.is_err() {
+                let _ = client.batch_execute("ROLLBACK").await;
+            }
+            result
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,12 +16,13 @@ use tracing::{error, info, warn};
 
 use crate::backoff::sleep_unless;
 use crate::backoff::Backoff;
-use crate::cleanup::delete_expired;
+use crate::cleanup::{clean, Cleaned};
 use crate::config::WriterConfig;
 use crate::metrics::{ErrorKind, Metrics};
-use crate::migrate::migrate;
+use crate::migrate::migrate_to;
 use crate::mirrors::Mirrors;
 use crate::node::Shutdown;
+use crate::partitions::Layout;
 use crate::topology::Discovery;
 
 /// Longest wait before retrying a failed cleanup run.
@@ -58,13 +59,17 @@ pub async fn run(
     };
 
     tokio::pin!(shutdown);
-    tokio::select! {
+    let layout = tokio::select! {
         migrated = migrate_when_reachable(&config, &metrics) => migrated?,
         () = &mut shutdown => {
             shutdown_stages.stop.cancel();
             return Ok(());
         }
-    }
+    };
+    info!(%layout, "idempotency_keys layout");
+    let mut config = Arc::unwrap_or_clone(config);
+    config.layout = Some(layout);
+    let config = Arc::new(config);
 
     let suspect_topology = Arc::new(Notify::new());
     let mut tasks = JoinSet::new();
@@ -76,6 +81,7 @@ pub async fn run(
             pool.clone(),
             interval,
             config.cleanup_batch_size,
+            config.partition_days_ahead,
             metrics.clone(),
             shutdown_stages.stop.clone(),
         ));
@@ -180,17 +186,20 @@ async fn follow_topology(
 
 /// Applies the migrations, waiting (with backoff) while Postgres cannot be
 /// reached; a migration that Postgres rejects is an error.
-async fn migrate_when_reachable(config: &WriterConfig, metrics: &Metrics) -> anyhow::Result<()> {
+async fn migrate_when_reachable(
+    config: &WriterConfig,
+    metrics: &Metrics,
+) -> anyhow::Result<Layout> {
     let mut backoff = Backoff::new(config.retry_initial, config.retry_max);
     loop {
         let attempt = async {
             let mut client = connect(&config.database_url).await?;
-            migrate(&mut client).await
+            migrate_to(&mut client, config.layout).await
         };
         match attempt.await {
-            Ok(()) => {
+            Ok(layout) => {
                 metrics.postgres_up.store(true, Ordering::Relaxed);
-                return Ok(());
+                return Ok(layout);
             }
             Err(error) if is_unreachable(&error) => {
                 metrics.error(ErrorKind::Postgres);
@@ -242,22 +251,25 @@ async fn cleanup_schedule(
     pool: Pool,
     interval: Duration,
     batch_size: u32,
+    days_ahead: u32,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
     loop {
         let run = async {
             let client = pool.get().await.context("get a Postgres connection")?;
-            delete_expired(&client, batch_size)
-                .await
-                .context("delete expired rows")
+            clean(&client, batch_size, days_ahead).await
         };
         let delay = tokio::select! {
             result = run => match result {
-                Ok(removed) => {
-                    metrics.cleanup_rows_removed.fetch_add(removed, Ordering::Relaxed);
+                Ok(cleaned) => {
+                    metrics.cleanup_rows_removed.fetch_add(cleaned.rows_deleted, Ordering::Relaxed);
                     metrics.cleanup_runs.fetch_add(1, Ordering::Relaxed);
-                    info!(removed, "cleanup removed expired rows");
+                    info!(
+                        dropped = ?cleaned.partitions_dropped,
+                        created = ?cleaned.partitions_created,
+                        "cleanup: {cleaned}"
+                    );
                     interval
                 }
                 Err(error) => {
@@ -275,10 +287,13 @@ async fn cleanup_schedule(
 }
 
 /// One cleanup pass against `database_url` (for `idem-writer cleanup
-/// --once`): the number of expired rows removed.
-pub async fn cleanup_once(database_url: &str, batch_size: u32) -> anyhow::Result<u64> {
+/// --once`): expired rows deleted, or on the partitioned layout expired
+/// partitions dropped and `days_ahead` days of partitions created.
+pub async fn cleanup_once(
+    database_url: &str,
+    batch_size: u32,
+    days_ahead: u32,
+) -> anyhow::Result<Cleaned> {
     let client = connect(database_url).await?;
-    delete_expired(&client, batch_size)
-        .await
-        .context("delete expired rows")
+    clean(&client, batch_size, days_ahead).await
 }

@@ -1,6 +1,7 @@
 //! The writer's smaller contracts: key reuse after expiry, the upsert never
 //! going backwards, keys Postgres cannot hold, SIGTERM finishing the batch
-//! in hand, concurrent migrations, and the cleanup job.
+//! in hand, concurrent migrations, and the cleanup job; on both layouts of
+//! `idempotency_keys` where the layout matters.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::*;
 use idem_testkit::{PgDatabase, RedisServer};
 use idem_writer::store::{upsert_records, UPSERT_SQL};
-use idem_writer::MirrorRecord;
+use idem_writer::{Layout, MirrorRecord};
 
 fn sample(key: &str, token: i64, body: &[u8]) -> MirrorRecord {
     MirrorRecord {
@@ -25,11 +26,11 @@ fn sample(key: &str, token: i64, body: &[u8]) -> MirrorRecord {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_reused_after_expiry_ends_with_the_newer_version() {
+both_layouts!(key_reused_after_expiry_ends_with_the_newer_version);
+async fn key_reused_after_expiry_ends_with_the_newer_version(layout: Layout) {
     let redis = RedisServer::start();
     let db = PgDatabase::create();
-    let writer = WriterProcess::start(&[redis.url()], &db.url, &[]);
+    let writer = WriterProcess::start(&[redis.url()], &db.url, &layout_args(layout));
     let mut conn = redis.conn();
     let key = "reused".to_string();
 
@@ -60,24 +61,23 @@ async fn key_reused_after_expiry_ends_with_the_newer_version() {
     assert_mirrored_exactly(&pg, &mut conn, &second).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upsert_keeps_the_largest_token_whatever_the_order() {
+both_layouts!(upsert_keeps_the_largest_token_whatever_the_order);
+async fn upsert_keeps_the_largest_token_whatever_the_order(layout: Layout) {
     let db = PgDatabase::create();
-    migrate(&db.url).await;
+    migrate_layout(&db.url, layout).await;
     let pg = connect_pg(&db.url).await;
-    let upsert = pg.prepare(UPSERT_SQL).await.expect("prepare");
 
-    let written = upsert_records(&pg, &upsert, &[sample("k", 20, b"v20")]).await;
+    let written = upsert(&pg, layout, &[sample("k", 20, b"v20")]).await;
     assert_eq!(written.expect("upsert"), 1);
     // Older, equal, and a batch holding both an older and a newer copy.
     assert_eq!(
-        upsert_records(&pg, &upsert, &[sample("k", 10, b"v10")])
+        upsert(&pg, layout, &[sample("k", 10, b"v10")])
             .await
             .expect("upsert"),
         0
     );
     assert_eq!(
-        upsert_records(&pg, &upsert, &[sample("k", 20, b"again")])
+        upsert(&pg, layout, &[sample("k", 20, b"again")])
             .await
             .expect("upsert"),
         0
@@ -87,27 +87,40 @@ async fn upsert_keeps_the_largest_token_whatever_the_order() {
         sample("k", 30, b"v30"),
         sample("k", 25, b"v25"),
     ];
+    assert_eq!(upsert(&pg, layout, &batch).await.expect("upsert"), 1);
+    // A newer version with another expiry (a shorter TTL: another partition).
+    let mut moved = sample("k", 40, b"v40");
+    moved.expires_at_ms = 3_900_000_000_000;
+    assert_eq!(upsert(&pg, layout, &[moved]).await.expect("upsert"), 1);
     assert_eq!(
-        upsert_records(&pg, &upsert, &batch).await.expect("upsert"),
-        1
+        upsert(&pg, layout, &[sample("k", 35, b"v35")])
+            .await
+            .expect("upsert"),
+        0,
+        "an older version with the old expiry must not come back"
     );
+    assert_eq!(row_count(&pg).await, 1);
+    let newest = sample("k", 50, b"v50");
 
+    assert_eq!(upsert(&pg, layout, &[newest]).await.expect("upsert"), 1);
+
+    assert_eq!(row_count(&pg).await, 1);
     let row = &rows(&pg).await["k"];
-    assert_eq!(row.token, 30);
-    assert_eq!(row.response_body.as_deref(), Some(&b"v30"[..]));
+    assert_eq!(row.token, 50);
+    assert_eq!(row.response_body.as_deref(), Some(&b"v50"[..]));
     assert_eq!(
         row.response_headers,
-        vec![b"x-version".to_vec(), b"v30".to_vec()]
+        vec![b"x-version".to_vec(), b"v50".to_vec()]
     );
     assert_eq!(row.created_at_ms, Some(1_700_000_000_000));
     assert_eq!(row.expires_at_ms, 4_000_000_000_000);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_postgres_cannot_hold_stay_pending_and_are_counted() {
+both_layouts!(keys_postgres_cannot_hold_stay_pending_and_are_counted);
+async fn keys_postgres_cannot_hold_stay_pending_and_are_counted(layout: Layout) {
     let redis = RedisServer::start();
     let db = PgDatabase::create();
-    let writer = WriterProcess::start(&[redis.url()], &db.url, &[]);
+    let writer = WriterProcess::start(&[redis.url()], &db.url, &layout_args(layout));
     let mut conn = redis.conn();
     let bad_key: &[u8] = b"bad-\xff\xfe";
     let token: Vec<redis::Value> = redis::cmd("IDEM.BEGIN")
@@ -217,13 +230,13 @@ async fn sigterm_commits_and_acknowledges_the_batch_in_hand_then_exits_zero() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_migrations_apply_once() {
+both_layouts!(concurrent_migrations_apply_once);
+async fn concurrent_migrations_apply_once(layout: Layout) {
     let db = PgDatabase::create();
     let runs: Vec<_> = (0..6)
         .map(|_| {
             let url = db.url.clone();
-            tokio::spawn(async move { migrate(&url).await })
+            tokio::spawn(async move { migrate_layout(&url, layout).await })
         })
         .collect();
     for run in runs {
@@ -261,6 +274,27 @@ async fn concurrent_migrations_apply_once() {
         .expect("column type")
         .get(0);
     assert_eq!(body_type, "bytea");
+
+    // The other layout is refused with the way to it, and nothing changes.
+    let other = match layout {
+        Layout::Unpartitioned => "partitioned",
+        Layout::Partitioned => "unpartitioned",
+    };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem-writer"))
+        .args(["migrate", "--layout", other, "--database-url", &db.url])
+        .output()
+        .expect("run idem-writer migrate");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("exists with the {layout} layout"))
+            && stderr.contains("Changing the layout"),
+        "{stderr}"
+    );
+    assert_eq!(
+        idem_writer::partitions::detect(&pg).await.expect("detect"),
+        Some(layout)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,18 +8,21 @@ use std::time::Duration;
 
 use common::*;
 use idem_testkit::{PgDatabase, RedisServer};
+use idem_writer::Layout;
 
 const TOTAL: usize = 20_000;
 const CHUNK: usize = 250;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_writers_share_one_redis_without_loss() {
+both_layouts!(two_writers_share_one_redis_without_loss);
+async fn two_writers_share_one_redis_without_loss(layout: Layout) {
     let redis = RedisServer::start();
     let db = PgDatabase::create();
     let urls = [redis.url()];
     // Both migrate at once on a fresh database.
-    let first = WriterProcess::start(&urls, &db.url, &["--batch-size", "200"]);
-    let second = WriterProcess::start(&urls, &db.url, &["--batch-size", "200"]);
+    let [flag, value] = layout_args(layout);
+    let args = ["--batch-size", "200", flag, value];
+    let first = WriterProcess::start(&urls, &db.url, &args);
+    let second = WriterProcess::start(&urls, &db.url, &args);
 
     let mut conn = redis.conn();
     let mut expected = Vec::with_capacity(TOTAL);

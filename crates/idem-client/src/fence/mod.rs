@@ -12,7 +12,20 @@ use futures_util::future::BoxFuture;
 use tokio_postgres::types::Type;
 use tokio_postgres::Statement;
 
-pub use sql::{Claim, CLAIM_SQL, COMPLETE_SQL, ROW_SQL};
+pub use sql::{
+    Claim, CLAIM_SQL, COMPLETE_SQL, PARTITIONED_CLAIM_SQL, PARTITIONED_GATE_SQL, ROW_SQL,
+};
+
+/// How the writer stored `idempotency_keys` (`idem-writer migrate --layout`):
+/// the fence's claim differs (docs/fence.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TableLayout {
+    /// `PRIMARY KEY (key)`: one statement claims (the default).
+    #[default]
+    Unpartitioned,
+    /// Partitioned by `expires_at`: the per-key lock, then the claim.
+    Partitioned,
+}
 
 use crate::fingerprint::stored_hex;
 use crate::{IdemError, StoredResponse};
@@ -27,6 +40,7 @@ pub struct Fence {
     token: i64,
     fingerprint_hex: String,
     ttl: Duration,
+    layout: TableLayout,
     report: Option<Arc<Mutex<FenceReport>>>,
 }
 
@@ -119,8 +133,17 @@ impl Fence {
             token,
             fingerprint_hex: stored_hex(fingerprint),
             ttl,
+            layout: TableLayout::Unpartitioned,
             report: None,
         }
+    }
+
+    /// The same fence for a table of `layout` (the middleware's fence too:
+    /// `fence.with_layout(TableLayout::Partitioned).claim(&tx)`); every
+    /// fenced participant of one table must use its layout.
+    pub fn with_layout(mut self, layout: TableLayout) -> Self {
+        self.layout = layout;
+        self
     }
 
     /// The fence the middleware attached to a request, if any.
@@ -165,6 +188,7 @@ impl Fence {
     pub async fn claim<'a, T: FenceTransaction<'a>>(&self, tx: &T) -> Result<Claim, IdemError> {
         let claim = sql::claim(
             tx,
+            self.layout,
             &self.key,
             &self.fingerprint_hex,
             self.token,

@@ -6,7 +6,7 @@
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use super::FenceTransaction;
+use super::{FenceTransaction, TableLayout};
 use crate::read_through::decode_response;
 use crate::{IdemError, StoredResponse};
 
@@ -46,9 +46,48 @@ WITH gate AS MATERIALIZED (
 SELECT (SELECT free FROM gate), EXISTS (SELECT 1 FROM claimed)
 ";
 
+/// Partitioned layout, first statement: the gate alone (`$1` key). On this
+/// layout the key's lock is also what keeps one row per key (a unique index
+/// must include `expires_at`): every writer of the row holds it, so the claim
+/// that follows, a new statement with a new snapshot, sees the key's only
+/// row in whichever partition and nobody adds another before commit.
+pub const PARTITIONED_GATE_SQL: &str =
+    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 1768187245))";
+
+/// Partitioned layout, second statement (the gate held): takes over the
+/// key's row under the same rule as [`CLAIM_SQL`] (moving it to the partition
+/// of its new expiry), or inserts it when the key has no row. Answers
+/// `claimed`. Parameters as in [`CLAIM_SQL`].
+pub const PARTITIONED_CLAIM_SQL: &str = "
+WITH existing AS (
+    SELECT 1 FROM idempotency_keys WHERE key = $1
+), taken AS (
+    UPDATE idempotency_keys AS t SET
+        fingerprint      = $2,
+        status           = 'in_progress',
+        token            = $3,
+        created_at       = now(),
+        expires_at       = now() + make_interval(secs => $4),
+        response_status  = NULL,
+        response_body    = NULL,
+        response_headers = '{}',
+        completed_at     = NULL
+    WHERE t.key = $1 AND t.token < $3
+      AND (t.expires_at <= now() OR (t.status = 'in_progress' AND t.fingerprint = $2))
+    RETURNING 1
+), added AS (
+    INSERT INTO idempotency_keys (key, fingerprint, status, token, created_at, expires_at)
+    SELECT $1, $2, 'in_progress', $3, now(), now() + make_interval(secs => $4)
+    WHERE NOT EXISTS (SELECT 1 FROM existing)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM taken) OR EXISTS (SELECT 1 FROM added)
+";
+
 /// The row a claim did not take. The claim's `ON CONFLICT DO UPDATE` locked
-/// it even though its `WHERE` was false, so it cannot change before this
-/// transaction ends; a new statement sees its latest committed version.
+/// it even though its `WHERE` was false (partitioned layout: the gate keeps
+/// every other writer off it), so it cannot change before this transaction
+/// ends; a new statement sees its latest committed version.
 pub const ROW_SQL: &str = "
 SELECT fingerprint, status, token, expires_at > now(),
        response_status, response_body, response_headers
@@ -112,6 +151,7 @@ pub(crate) fn decide(row: ExistingRow, fingerprint_hex: &str, token: i64) -> Cla
 
 const CLAIM_TYPES: &[Type] = &[Type::TEXT, Type::TEXT, Type::INT8, Type::FLOAT8];
 const ROW_TYPES: &[Type] = &[Type::TEXT];
+const GATE_TYPES: &[Type] = &[Type::TEXT];
 const COMPLETE_TYPES: &[Type] = &[
     Type::TEXT,
     Type::INT8,
@@ -141,23 +181,34 @@ async fn query<'a, T: FenceTransaction<'a>>(
 /// Runs the claim in `tx`.
 pub(crate) async fn claim<'a, T: FenceTransaction<'a>>(
     tx: &T,
+    layout: TableLayout,
     key: &str,
     fingerprint_hex: &str,
     token: i64,
     ttl_secs: f64,
 ) -> Result<Claim, IdemError> {
-    let rows = query(
-        tx,
-        CLAIM_SQL,
-        CLAIM_TYPES,
-        &[&key, &fingerprint_hex, &token, &ttl_secs],
-    )
-    .await?;
-    let row = rows
-        .first()
-        .ok_or_else(|| IdemError::Postgres("the claim answered no row".into()))?;
-    let free: bool = row.try_get(0)?;
-    let claimed: bool = row.try_get(1)?;
+    let params: [&(dyn ToSql + Sync); 4] = [&key, &fingerprint_hex, &token, &ttl_secs];
+    let (free, claimed) = match layout {
+        TableLayout::Unpartitioned => {
+            let rows = query(tx, CLAIM_SQL, CLAIM_TYPES, &params)
+                .await
+                .map_err(claim_error)?;
+            let row = rows
+                .first()
+                .ok_or_else(|| IdemError::Postgres("the claim answered no row".into()))?;
+            (row.try_get::<_, bool>(0)?, row.try_get::<_, bool>(1)?)
+        }
+        TableLayout::Partitioned => {
+            let gate = query(tx, PARTITIONED_GATE_SQL, GATE_TYPES, &[&key]).await?;
+            let free: bool = first_column(&gate, "gate")?;
+            if free {
+                let rows = query(tx, PARTITIONED_CLAIM_SQL, CLAIM_TYPES, &params).await?;
+                (true, first_column(&rows, "claim")?)
+            } else {
+                (false, false)
+            }
+        }
+    };
     if claimed {
         return Ok(Claim::Proceed);
     }
@@ -187,6 +238,25 @@ pub(crate) async fn claim<'a, T: FenceTransaction<'a>>(
         response,
     };
     Ok(decide(existing, fingerprint_hex, token))
+}
+
+fn first_column(rows: &[Row], what: &str) -> Result<bool, IdemError> {
+    let row = rows
+        .first()
+        .ok_or_else(|| IdemError::Postgres(format!("the {what} answered no row")))?;
+    Ok(row.try_get(0)?)
+}
+
+/// The unpartitioned claim's `ON CONFLICT (key)` on a partitioned table has
+/// no unique index to use: say which fence to use.
+fn claim_error(error: tokio_postgres::Error) -> IdemError {
+    if error.code() == Some(&tokio_postgres::error::SqlState::INVALID_COLUMN_REFERENCE) {
+        return IdemError::Postgres(format!(
+            "{error}: idempotency_keys looks partitioned; use \
+             Fence::with_layout(TableLayout::Partitioned)"
+        ));
+    }
+    error.into()
 }
 
 /// Stores `response` on the row `token` claimed in `tx`. `Stale` when this

@@ -516,3 +516,68 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
+
+/// Runs a test body `async fn name(layout: Layout)` once per layout of
+/// `idempotency_keys`: `name::unpartitioned` and `name::partitioned`.
+#[macro_export]
+macro_rules! both_layouts {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn unpartitioned() {
+                super::$name(idem_writer::Layout::Unpartitioned).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn partitioned() {
+                super::$name(idem_writer::Layout::Partitioned).await
+            }
+        }
+    };
+}
+
+/// Applies the writer's migrations with `layout` through the library.
+pub async fn migrate_layout(url: &str, layout: idem_writer::Layout) {
+    let mut client = idem_writer::connect(url).await.expect("connect");
+    idem_writer::migrate_with_layout(&mut client, layout)
+        .await
+        .expect("migrate");
+}
+
+/// The `run` flags that give a fresh database `layout`.
+pub fn layout_args(layout: idem_writer::Layout) -> [&'static str; 2] {
+    match layout {
+        idem_writer::Layout::Unpartitioned => ["--layout", "unpartitioned"],
+        idem_writer::Layout::Partitioned => ["--layout", "partitioned"],
+    }
+}
+
+/// The writer's batch upsert on `layout` (creating the partitions the rows
+/// need first, as the writer does).
+pub async fn upsert(
+    pg: &tokio_postgres::Client,
+    layout: idem_writer::Layout,
+    records: &[idem_writer::MirrorRecord],
+) -> Result<u64, tokio_postgres::Error> {
+    use idem_writer::partitions::{day_of_ms, ensure_days};
+    use idem_writer::store::{
+        upsert_with, Statements, LOCK_KEYS_SQL, PARTITIONED_UPSERT_SQL, UPSERT_SQL,
+    };
+    match layout {
+        idem_writer::Layout::Unpartitioned => {
+            let upsert = pg.prepare(UPSERT_SQL).await?;
+            upsert_with(pg, Statements::Unpartitioned(&upsert), records).await
+        }
+        idem_writer::Layout::Partitioned => {
+            ensure_days(pg, records.iter().map(|r| day_of_ms(r.expires_at_ms)))
+                .await
+                .expect("create partitions");
+            let lock = pg.prepare(LOCK_KEYS_SQL).await?;
+            let upsert = pg.prepare(PARTITIONED_UPSERT_SQL).await?;
+            let statements = Statements::Partitioned {
+                lock: &lock,
+                upsert: &upsert,
+            };
+            upsert_with(pg, statements, records).await
+        }
+    }
+}
