@@ -28,14 +28,8 @@ async fn calls(con: &mut MultiplexedConnection) -> u64 {
 }
 
 async fn info_field(con: &mut MultiplexedConnection, field: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("idem")
-        .query_async(con)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map_or(0, |v| v.trim().parse().unwrap())
+    let info = idem_testkit::info::idem_info_text_async(con).await;
+    idem_testkit::info::info_int(&info, field).map_or(0, |v| v as u64)
 }
 
 async fn begin_token(con: &mut MultiplexedConnection, key: &str) -> i64 {

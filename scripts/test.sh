@@ -13,6 +13,12 @@ command -v cargo >/dev/null || { echo "cargo (Rust) is required" >&2; exit 1; }
 
 ensure_database_url 54329
 
+echo "==> gates: format, import circles, clippy, docs"
+cargo fmt --all --check
+python3 scripts/lib/import_cycles.py src crates/idem-client/src crates/idem-writer/src
+cargo clippy --release --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps --workspace
+
 echo "==> build (release)"
 cargo build --release --workspace --all-targets
 export IDEM_MODULE=$PWD/target/release/libidem.so

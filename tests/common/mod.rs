@@ -354,12 +354,7 @@ pub fn dbsize(con: &mut Connection) -> i64 {
 
 /// All `name:value` lines of `INFO <section>`.
 pub fn info(con: &mut Connection, section: &str) -> HashMap<String, String> {
-    let s = text(&ok(con, &["INFO", section]));
-    s.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
-        .collect()
+    idem_testkit::info::info_fields(&text(&ok(con, &["INFO", section])))
 }
 
 /// The numeric fields of `INFO idem`.

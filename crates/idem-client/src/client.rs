@@ -110,13 +110,14 @@ where
             None => None,
         };
         let first = parse_begin(
-            self.query(begin_cmd(key, fingerprint, options, None))
+            &self
+                .query(begin_cmd(key, fingerprint, options, None))
                 .await?,
         )?;
         match (first, wait, wait_connections) {
             (Outcome::InFlight { .. }, Some(wait), Some(connections)) => {
                 let cmd = begin_cmd(key, fingerprint, options, Some(wait));
-                parse_begin(connections.query(cmd, wait + self.call_timeout).await?)
+                parse_begin(&connections.query(cmd, wait + self.call_timeout).await?)
             }
             (outcome, _, _) => Ok(outcome),
         }
@@ -141,7 +142,7 @@ where
         if origin == Origin::Mirror {
             cmd.arg("MIRRORED");
         }
-        parse_ok(self.query(cmd).await?)
+        parse_ok(&self.query(cmd).await?)
     }
 
     /// `IDEM.ABORT`: releases the key. `false` when `token` no longer holds
@@ -149,7 +150,7 @@ where
     pub async fn abort(&self, key: &str, token: u64) -> Result<bool, IdemError> {
         let mut cmd = redis::cmd("IDEM.ABORT");
         cmd.arg(key).arg(token);
-        parse_abort(self.query(cmd).await?)
+        parse_abort(&self.query(cmd).await?)
     }
 
     /// `IDEM.TOUCH`: extends the holder's lease to now + `lease`; answers the
@@ -162,7 +163,7 @@ where
     ) -> Result<Duration, IdemError> {
         let mut cmd = redis::cmd("IDEM.TOUCH");
         cmd.arg(key).arg(token).arg(millis(lease));
-        parse_touch(self.query(cmd).await?)
+        parse_touch(&self.query(cmd).await?)
     }
 
     async fn query(&self, cmd: Cmd) -> Result<Value, IdemError> {

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use idem_core::wire::ErrorCode;
+
 /// Everything a call to the module (or the read-through mirror) can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum IdemError {
@@ -24,6 +26,12 @@ pub enum IdemError {
     /// `WRONGTYPE`: the key holds a value that is not an idem record.
     #[error("WRONGTYPE: {0}")]
     WrongType(String),
+    /// `CORRUPT`: the stored value could not be decoded.
+    #[error("CORRUPT: {0}")]
+    Corrupt(String),
+    /// `NOPERM`: the connection's ACL user may not run the command.
+    #[error("NOPERM: {0}")]
+    NoPerm(String),
     /// `INTERNAL`: the module caught a bug at its command boundary.
     #[error("INTERNAL: {0}")]
     Internal(String),
@@ -54,6 +62,22 @@ impl IdemError {
         matches!(self, IdemError::Unavailable(_) | IdemError::Postgres(_))
     }
 
+    /// The module's error code, for errors the module answered.
+    pub fn code(&self) -> Option<ErrorCode> {
+        Some(match self {
+            IdemError::BadArg(_) => ErrorCode::BadArg,
+            IdemError::Stale(_) => ErrorCode::Stale,
+            IdemError::NotFound(_) => ErrorCode::NotFound,
+            IdemError::Completed(_) => ErrorCode::Completed,
+            IdemError::TooLarge(_) => ErrorCode::TooLarge,
+            IdemError::WrongType(_) => ErrorCode::WrongType,
+            IdemError::Corrupt(_) => ErrorCode::Corrupt,
+            IdemError::NoPerm(_) => ErrorCode::NoPerm,
+            IdemError::Internal(_) => ErrorCode::Internal,
+            _ => return None,
+        })
+    }
+
     pub(crate) fn timeout(after: Duration) -> Self {
         IdemError::Unavailable(format!("no answer within {} ms", after.as_millis()))
     }
@@ -61,16 +85,19 @@ impl IdemError {
 
 impl From<redis::RedisError> for IdemError {
     fn from(err: redis::RedisError) -> Self {
-        let detail = || err.detail().unwrap_or_default().to_string();
-        match err.code() {
-            Some("BADARG") => return IdemError::BadArg(detail()),
-            Some("STALE") => return IdemError::Stale(detail()),
-            Some("NOTFOUND") => return IdemError::NotFound(detail()),
-            Some("COMPLETED") => return IdemError::Completed(detail()),
-            Some("TOOLARGE") => return IdemError::TooLarge(detail()),
-            Some("WRONGTYPE") => return IdemError::WrongType(detail()),
-            Some("INTERNAL") => return IdemError::Internal(detail()),
-            _ => {}
+        if let Some(code) = err.code().and_then(|c| c.parse::<ErrorCode>().ok()) {
+            let detail = err.detail().unwrap_or_default().to_string();
+            return match code {
+                ErrorCode::BadArg => IdemError::BadArg(detail),
+                ErrorCode::Stale => IdemError::Stale(detail),
+                ErrorCode::NotFound => IdemError::NotFound(detail),
+                ErrorCode::Completed => IdemError::Completed(detail),
+                ErrorCode::TooLarge => IdemError::TooLarge(detail),
+                ErrorCode::WrongType => IdemError::WrongType(detail),
+                ErrorCode::Corrupt => IdemError::Corrupt(detail),
+                ErrorCode::NoPerm => IdemError::NoPerm(detail),
+                ErrorCode::Internal => IdemError::Internal(detail),
+            };
         }
         if is_unavailability(&err) {
             IdemError::Unavailable(err.to_string())
@@ -147,6 +174,14 @@ mod tests {
             IdemError::from(server_error("NOPE", "")),
             IdemError::Redis(_)
         ));
+    }
+
+    #[test]
+    fn every_module_code_has_its_variant() {
+        for code in ErrorCode::ALL {
+            let err = IdemError::from(server_error(code.as_str(), "d"));
+            assert_eq!(err.code(), Some(code), "{err:?}");
+        }
     }
 
     #[test]

@@ -139,7 +139,7 @@ pub(crate) fn decode_response(
 ) -> Result<StoredResponse, IdemError> {
     let status = u16::try_from(status)
         .ok()
-        .filter(|s| (100..=599).contains(s))
+        .filter(|s| idem_core::record::STATUS_RANGE.contains(s))
         .ok_or_else(|| IdemError::Postgres(format!("row for {key:?} has status {status}")))?;
     let flat_headers = flat_headers.unwrap_or_default();
     if flat_headers.len() % 2 == 1 {

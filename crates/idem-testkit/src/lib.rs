@@ -4,6 +4,7 @@
 //! (`cluster`). Never touches port 6379.
 
 pub mod cluster;
+pub mod info;
 pub mod postgres_server;
 
 use std::net::TcpListener;
@@ -328,4 +329,22 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
     f()
+}
+
+/// Polls `check` (async) every 20 ms until it holds or `timeout` passes.
+pub async fn eventually_async<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -1,8 +1,10 @@
-//! Capped exponential backoff with jitter for retries against a down server.
+//! Capped exponential backoff with jitter for retries against a down server,
+//! and the cancellable sleep between them.
 
 use std::time::Duration;
 
 use rand::Rng;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -33,6 +35,14 @@ impl Backoff {
     /// Back to the first step after a success.
     pub fn reset(&mut self) {
         self.next = self.initial;
+    }
+}
+
+/// Sleeps for `delay`; `false` (at once) when `token` is cancelled.
+pub async fn sleep_unless(token: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(delay) => true,
+        () = token.cancelled() => false,
     }
 }
 

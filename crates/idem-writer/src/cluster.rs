@@ -5,7 +5,7 @@ use anyhow::Context;
 use futures_util::future::join_all;
 use redis::{ConnectionInfo, Value};
 
-use crate::topology::{host_of, parse_url, query_once, with_address, Target};
+use crate::target::{host_of, parse_url, query_once, with_address, Target};
 
 /// One line of `CLUSTER NODES`, as far as discovery needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]

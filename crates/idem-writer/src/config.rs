@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use idem_core::args::MAX_PULL;
+
 use crate::partitions::{Layout, DEFAULT_DAYS_AHEAD};
 use crate::topology::Topology;
 
@@ -18,7 +20,7 @@ pub struct WriterConfig {
     /// (also soon after any node failure).
     pub topology_interval: Duration,
     pub database_url: String,
-    /// Records per `IDEM.MIRROR.PULL` (1..=10000), hence per upsert.
+    /// Records per `IDEM.MIRROR.PULL` (1..=`MAX_PULL`), hence per upsert.
     pub batch_size: u32,
     /// How long a pulled record stays claimed by this writer.
     pub claim: Duration,
@@ -82,8 +84,8 @@ impl WriterConfig {
             "the topology interval must be positive"
         );
         anyhow::ensure!(
-            (1..=10_000).contains(&self.batch_size),
-            "batch size must be 1..=10000"
+            (1..=MAX_PULL).contains(&(self.batch_size as usize)),
+            "batch size must be 1..={MAX_PULL}"
         );
         anyhow::ensure!(!self.claim.is_zero(), "the claim must be positive");
         anyhow::ensure!(

@@ -20,6 +20,7 @@ pub mod record;
 mod redis_node;
 mod sentinel;
 pub mod store;
+mod target;
 mod topology;
 mod writer;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgGroup, Args, Parser, Subcommand};
+use idem_core::args::MAX_PULL;
 use idem_writer::duration::parse_duration;
 use idem_writer::partitions::DEFAULT_DAYS_AHEAD;
 use idem_writer::{Layout, Topology, WriterConfig};
@@ -103,8 +104,8 @@ struct RunArgs {
     topology_interval: Duration,
     #[command(flatten)]
     database: DatabaseArgs,
-    /// Records per pull and per upsert (1..=10000).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    /// Records per pull and per upsert (1..=10000, the module's MAX_PULL).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=MAX_PULL as i64))]
     batch_size: u32,
     /// How long a pulled record stays claimed by this writer (ms).
     #[arg(long, default_value_t = 30_000)]

@@ -17,7 +17,7 @@ use crate::config::WriterConfig;
 use crate::metrics::Metrics;
 use crate::node::{poll_mirror_info, NodeLoop, Shutdown};
 use crate::redis_node::RedisNode;
-use crate::topology::Target;
+use crate::target::Target;
 
 /// A node's mirror tasks; `generation` tells a retired mirror still
 /// finishing from a newer one on the same address.

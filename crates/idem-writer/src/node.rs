@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::backoff::Backoff;
+use crate::backoff::{sleep_unless, Backoff};
 use crate::config::WriterConfig;
 use crate::metrics::{ErrorKind, Metrics, NodeMetrics};
 use crate::postgres::{store_batch, Stored};
@@ -120,7 +120,7 @@ async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<
         let pulled_at = Instant::now();
         ctx.node.up.store(true, Ordering::Relaxed);
         backoff.reset();
-        match parse_pull_reply(reply) {
+        match parse_pull_reply(&reply) {
             Ok((records, rejected)) => {
                 ctx.report_rejected(rejected);
                 if !records.is_empty() {
@@ -332,14 +332,6 @@ pub async fn poll_mirror_info(
         if !sleep_unless(&stop, interval).await {
             return;
         }
-    }
-}
-
-/// Sleeps for `delay`; `false` (at once) when `token` is cancelled.
-pub async fn sleep_unless(token: &CancellationToken, delay: Duration) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(delay) => true,
-        () = token.cancelled() => false,
     }
 }
 

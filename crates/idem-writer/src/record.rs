@@ -1,8 +1,13 @@
-//! A completed record as `IDEM.MIRROR.PULL` hands it out, and the checks that
-//! decide whether it can be stored in Postgres.
+//! A completed record as the writer stores it in Postgres, and the checks
+//! that decide whether a pulled record (read by `idem_core::wire`) can be
+//! stored there: the key must be TEXT within `MAX_KEY_BYTES`, and an expiry
+//! of -1 (no TTL) becomes `NEVER_EXPIRES_MS`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idem_core::record::NO_EXPIRY;
+use idem_core::wire::{parse_pull_batch, Frame, PulledRecord};
+use idem_core::State;
 use redis::Value;
 
 /// Keys longer than this cannot be stored: a btree index entry must fit in a
@@ -59,22 +64,22 @@ pub struct Rejected {
     pub error: RecordError,
 }
 
-/// Parses the `IDEM.MIRROR.PULL` reply: good records and rejected ones.
-pub fn parse_pull_reply(reply: Value) -> Result<(Vec<MirrorRecord>, Vec<Rejected>), RecordError> {
-    let Value::Array(items) = reply else {
-        return Err(malformed("PULL reply is not an array"));
-    };
-    let mut records = Vec::with_capacity(items.len());
+/// Parses the `IDEM.MIRROR.PULL` reply (through `idem_core::wire`): good
+/// records and rejected ones.
+pub fn parse_pull_reply(reply: &Value) -> Result<(Vec<MirrorRecord>, Vec<Rejected>), RecordError> {
+    let frame = Frame::from(reply);
+    let parsed = parse_pull_batch(&frame).map_err(|e| malformed(e.to_string()))?;
+    let entries = frame.array("PULL reply").unwrap_or_default();
+    let mut records = Vec::with_capacity(parsed.len());
     let mut rejected = Vec::new();
-    for item in items {
-        let Value::Array(fields) = item else {
-            rejected.push(Rejected {
-                key: Vec::new(),
-                error: malformed("record is not an array"),
-            });
-            continue;
-        };
-        match parse_record(fields) {
+    for (entry, result) in entries.iter().zip(parsed) {
+        let checked = result
+            .map_err(|e| Rejected {
+                key: raw_key(entry),
+                error: malformed(e.to_string()),
+            })
+            .and_then(to_row);
+        match checked {
             Ok(record) => records.push(record),
             Err(bad) => rejected.push(bad),
         }
@@ -82,14 +87,22 @@ pub fn parse_pull_reply(reply: Value) -> Result<(Vec<MirrorRecord>, Vec<Rejected
     Ok((records, rejected))
 }
 
-/// Parses one record; a rejection keeps the key's bytes for the log line.
-fn parse_record(fields: Vec<Value>) -> Result<MirrorRecord, Rejected> {
+/// The key's bytes of an entry that did not parse, if they are readable.
+fn raw_key(entry: &Frame) -> Vec<u8> {
+    entry
+        .array("PULL entry")
+        .ok()
+        .and_then(|fields| fields.first())
+        .and_then(|key| key.bytes("key").ok())
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default()
+}
+
+/// Applies the Postgres rules to one pulled record; a rejection keeps the
+/// key's bytes for the log line.
+fn to_row(pulled: PulledRecord) -> Result<MirrorRecord, Rejected> {
     let reject = |key: Vec<u8>, error: RecordError| Rejected { key, error };
-    let fields: [Value; 9] = fields
-        .try_into()
-        .map_err(|_| reject(Vec::new(), malformed("record does not have 9 fields")))?;
-    let [key, token, fingerprint, status, body, headers, created, completed, expires] = fields;
-    let key = bytes(key, "key").map_err(|e| reject(Vec::new(), e))?;
+    let PulledRecord { key, record } = pulled;
     let key = match String::from_utf8(key) {
         Ok(key) if !key.contains('\0') => key,
         Ok(key) => return Err(reject(key.into_bytes(), RecordError::KeyNotText)),
@@ -98,77 +111,38 @@ fn parse_record(fields: Vec<Value>) -> Result<MirrorRecord, Rejected> {
     if key.len() > MAX_KEY_BYTES {
         return Err(reject(key.into_bytes(), RecordError::KeyTooLong));
     }
-    match parse_response([
-        token,
-        fingerprint,
-        status,
-        body,
-        headers,
-        created,
-        completed,
-        expires,
-    ]) {
-        Ok(r) => Ok(MirrorRecord {
-            key,
-            token: r.token,
-            fingerprint: r.fingerprint,
-            status: r.status,
-            body: r.body,
-            headers: r.headers,
-            created_at_ms: r.created_at_ms,
-            completed_at_ms: r.completed_at_ms,
-            expires_at_ms: r.expires_at_ms,
-        }),
-        Err(error) => Err(reject(key.into_bytes(), error)),
-    }
-}
-
-/// Every field of a record but the key.
-struct Response {
-    token: i64,
-    fingerprint: String,
-    status: i32,
-    body: Vec<u8>,
-    headers: Vec<Vec<u8>>,
-    created_at_ms: i64,
-    completed_at_ms: i64,
-    expires_at_ms: i64,
-}
-
-fn parse_response(fields: [Value; 8]) -> Result<Response, RecordError> {
-    let [token, fingerprint, status, body, headers, created, completed, expires] = fields;
-    let token = int(token, "token")?;
-    if token <= 0 {
-        return Err(malformed("token is not positive"));
-    }
-    let fingerprint = String::from_utf8(bytes(fingerprint, "fingerprint")?)
-        .map_err(|_| malformed("fingerprint is not hex"))?;
-    if !is_sha256_hex(&fingerprint) {
-        return Err(malformed("fingerprint is not 64 lowercase hex digits"));
-    }
-    let status = i32::try_from(int(status, "status")?)
-        .ok()
-        .filter(|s| (100..=599).contains(s))
-        .ok_or_else(|| malformed("status is not 100..599"))?;
-    let Value::Array(headers) = headers else {
-        return Err(malformed("headers is not an array"));
+    let State::Completed(c) = record.state else {
+        return Err(reject(
+            key.into_bytes(),
+            malformed("record is not completed"),
+        ));
     };
-    if headers.len() % 2 != 0 {
-        return Err(malformed("headers has an odd length"));
-    }
-    let headers = headers
-        .into_iter()
-        .map(|h| bytes(h, "header"))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Response {
+    let numbers = (|| {
+        Ok::<_, RecordError>([
+            signed(record.token, "token")?,
+            signed(record.created_at, "created_at")?,
+            signed(c.completed_at, "completed_at")?,
+            expiry(record.expires_at)?,
+        ])
+    })();
+    let [token, created_at_ms, completed_at_ms, expires_at_ms] = match numbers {
+        Ok(numbers) => numbers,
+        Err(error) => return Err(reject(key.into_bytes(), error)),
+    };
+    Ok(MirrorRecord {
+        key,
         token,
-        fingerprint,
-        status,
-        body: bytes(body, "body")?,
-        headers,
-        created_at_ms: timestamp(created, "created_at")?,
-        completed_at_ms: timestamp(completed, "completed_at")?,
-        expires_at_ms: expiry(expires)?,
+        fingerprint: hex::encode(record.fingerprint),
+        status: c.status.into(),
+        body: c.body,
+        headers: c
+            .headers
+            .into_iter()
+            .flat_map(|h| [h.name, h.value])
+            .collect(),
+        created_at_ms,
+        completed_at_ms,
+        expires_at_ms,
     })
 }
 
@@ -176,44 +150,20 @@ fn parse_response(fields: [Value; 8]) -> Result<Response, RecordError> {
 /// `PERSIST`) are kept until 9999-12-31: cleanup never reaches them.
 pub const NEVER_EXPIRES_MS: i64 = 253_402_300_799_000;
 
-fn expiry(value: Value) -> Result<i64, RecordError> {
-    match int(value.clone(), "expires_at")? {
-        -1 => Ok(NEVER_EXPIRES_MS),
-        _ => timestamp(value, "expires_at"),
+fn expiry(at: u64) -> Result<i64, RecordError> {
+    match at {
+        NO_EXPIRY => Ok(NEVER_EXPIRES_MS),
+        at => signed(at, "expires_at"),
     }
+}
+
+/// Postgres `bigint` columns hold what the module writes (below 2^53).
+fn signed(v: u64, field: &str) -> Result<i64, RecordError> {
+    i64::try_from(v).map_err(|_| malformed(format!("{field} {v} does not fit a bigint")))
 }
 
 fn malformed(what: impl Into<String>) -> RecordError {
     RecordError::Malformed(what.into())
-}
-
-fn bytes(value: Value, field: &str) -> Result<Vec<u8>, RecordError> {
-    match value {
-        Value::BulkString(b) => Ok(b),
-        Value::SimpleString(s) => Ok(s.into_bytes()),
-        _ => Err(malformed(format!("{field} is not a string"))),
-    }
-}
-
-fn int(value: Value, field: &str) -> Result<i64, RecordError> {
-    let parsed = match value {
-        Value::Int(i) => Some(i),
-        Value::BulkString(b) => std::str::from_utf8(&b).ok().and_then(|s| s.parse().ok()),
-        _ => None,
-    };
-    parsed.ok_or_else(|| malformed(format!("{field} is not an integer")))
-}
-
-fn timestamp(value: Value, field: &str) -> Result<i64, RecordError> {
-    let ms = int(value, field)?;
-    if ms < 0 {
-        return Err(malformed(format!("{field} is negative")));
-    }
-    Ok(ms)
-}
-
-fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 fn unix_ms(ms: i64) -> SystemTime {
@@ -246,9 +196,15 @@ mod tests {
 
     #[test]
     fn a_record_without_ttl_never_expires() {
-        assert_eq!(expiry(Value::Int(-1)), Ok(NEVER_EXPIRES_MS));
-        assert_eq!(expiry(Value::Int(5)), Ok(5));
-        assert!(expiry(Value::Int(-2)).is_err());
+        assert_eq!(expiry(NO_EXPIRY), Ok(NEVER_EXPIRES_MS));
+        assert_eq!(expiry(5), Ok(5));
+        assert!(expiry(u64::MAX - 1).is_err());
+        let mut reply = record(b"k", FP, vec![]);
+        if let Value::Array(fields) = &mut reply {
+            fields[8] = Value::Int(-1);
+        }
+        let (records, _) = parse_pull_reply(&Value::Array(vec![reply])).expect("array");
+        assert_eq!(records[0].expires_at_ms, NEVER_EXPIRES_MS);
     }
 
     #[test]
@@ -258,7 +214,7 @@ mod tests {
             FP,
             vec![bulk(b"content-type"), bulk(b"application/json")],
         )]);
-        let (records, rejected) = parse_pull_reply(reply).expect("array");
+        let (records, rejected) = parse_pull_reply(&reply).expect("array");
         assert!(rejected.is_empty());
         assert_eq!(
             records,
@@ -284,7 +240,7 @@ mod tests {
             record(&vec![b'x'; MAX_KEY_BYTES + 1], FP, vec![]),
             record(b"good", FP, vec![]),
         ]);
-        let (records, rejected) = parse_pull_reply(reply).expect("array");
+        let (records, rejected) = parse_pull_reply(&reply).expect("array");
         assert_eq!(records.len(), 1);
         assert_eq!(records[0].key, "good");
         let errors: Vec<_> = rejected.into_iter().map(|r| r.error).collect();
@@ -300,19 +256,20 @@ mod tests {
 
     #[test]
     fn rejects_malformed_fields() {
-        let uppercase = FP.to_uppercase();
+        let not_hex = "z".repeat(64);
         let reply = Value::Array(vec![
-            record(b"k", &uppercase, vec![]),
+            record(b"k", &not_hex, vec![]),
             record(b"k", FP, vec![bulk(b"lonely-name")]),
             Value::Array(vec![bulk(b"short")]),
             Value::Int(3),
         ]);
-        let (records, rejected) = parse_pull_reply(reply).expect("array");
+        let (records, rejected) = parse_pull_reply(&reply).expect("array");
         assert!(records.is_empty());
         assert_eq!(rejected.len(), 4);
         assert!(rejected
             .iter()
             .all(|r| matches!(r.error, RecordError::Malformed(_))));
-        assert!(parse_pull_reply(Value::Okay).is_err());
+        assert_eq!(rejected[0].key, b"k", "the log line names a readable key");
+        assert!(parse_pull_reply(&Value::Okay).is_err());
     }
 }

@@ -10,9 +10,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use crate::backoff::Backoff;
-use crate::node::sleep_unless;
-use crate::topology::{parse_url, query_once, role, with_address, Target, QUERY_TIMEOUT};
+use crate::backoff::{sleep_unless, Backoff};
+use crate::target::{parse_url, query_once, role, with_address, Target, QUERY_TIMEOUT};
 
 pub struct SentinelDiscovery {
     sentinels: Vec<ConnectionInfo>,

@@ -14,13 +14,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::backoff::sleep_unless;
 use crate::backoff::Backoff;
 use crate::cleanup::{clean, Cleaned};
 use crate::config::WriterConfig;
 use crate::metrics::{ErrorKind, Metrics};
 use crate::migrate::migrate_to;
 use crate::mirrors::Mirrors;
-use crate::node::{sleep_unless, Shutdown};
+use crate::node::Shutdown;
 use crate::partitions::Layout;
 use crate::topology::Discovery;
 

@@ -19,7 +19,7 @@ pub struct Settings {
     pub pool_size: usize,
     /// Simulated payment-processor latency per new payment (demo; 0 = none).
     pub processor_delay: Duration,
-    /// Commit each new payment with its idempotency row (the fence) [on].
+    /// Commit each new payment with its idempotency row (the fence) (default: on).
     pub fence: bool,
 }
 

@@ -30,7 +30,7 @@ pub struct AppState {
     pub db: Pool,
     /// Simulated payment-processor latency before each new payment (demo).
     pub processor_delay: Duration,
-    /// New payments commit with their idempotency row (the fence) [on].
+    /// New payments commit with their idempotency row (the fence) (default: on).
     pub fence: bool,
 }
 

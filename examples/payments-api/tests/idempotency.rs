@@ -7,8 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{eventually, payment, Options, TestApp};
+use common::{payment, Options, TestApp};
 use futures_util::future::join_all;
+use idem_testkit::eventually_async as eventually;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_concurrent_duplicates_create_one_payment() {

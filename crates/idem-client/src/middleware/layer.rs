@@ -51,32 +51,32 @@ impl<C> IdempotencyLayer<C> {
         }
     }
 
-    /// Look keys Redis does not know up in the Postgres mirror [off].
+    /// Look keys Redis does not know up in the Postgres mirror (default: off).
     pub fn read_through(mut self, read_through: ReadThrough) -> Self {
         self.config.read_through = Some(read_through);
         self
     }
 
-    /// Methods the layer applies to [POST, PATCH]; others pass through.
+    /// Methods the layer applies to (default: POST, PATCH); others pass through.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.config.methods = methods.into_iter().collect();
         self
     }
 
-    /// The key header [`Idempotency-Key`].
+    /// The key header (default: `Idempotency-Key`).
     pub fn header(mut self, name: HeaderName) -> Self {
         self.config.header = name;
         self
     }
 
-    /// A request without the header gets 400 instead of passing through [false].
+    /// A request without the header gets 400 instead of passing through (default: false).
     pub fn required(mut self, required: bool) -> Self {
         self.config.required = required;
         self
     }
 
     /// Scopes keys per tenant, e.g. by an account header; `None` is the
-    /// anonymous scope [one scope for everybody].
+    /// anonymous scope (default: one scope for everybody).
     pub fn tenant(
         mut self,
         tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
@@ -95,19 +95,19 @@ impl<C> IdempotencyLayer<C> {
         })
     }
 
-    /// Prefix of the Redis keys [`idem:`]; keys are `prefix{tenant:key}`.
+    /// Prefix of the Redis keys (default: `idem:`); keys are `prefix{tenant:key}`.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.config.key_prefix = prefix.into();
         self
     }
 
-    /// How long a key and its stored response live [24 h].
+    /// How long a key and its stored response live (default: 24 h).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.config.ttl = ttl;
         self
     }
 
-    /// The lease of a running request [30 s]; renewed (TOUCH) every third of
+    /// The lease of a running request (default: 30 s); renewed (TOUCH) every third of
     /// it while the handler runs, so a slow handler keeps its key.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
@@ -115,7 +115,7 @@ impl<C> IdempotencyLayer<C> {
     }
 
     /// A duplicate of a running request waits up to `wait` for the
-    /// original's answer (replayed) instead of getting 409 [off].
+    /// original's answer (replayed) instead of getting 409 (default: off).
     ///
     /// # Panics
     /// When the client has no wait connections (`IdemClient::standalone`,
@@ -130,26 +130,26 @@ impl<C> IdempotencyLayer<C> {
         self
     }
 
-    /// Largest request body buffered for the fingerprint [1 MiB]; larger → 413.
+    /// Largest request body buffered for the fingerprint (default: 1 MiB); larger → 413.
     pub fn max_request_body(mut self, bytes: usize) -> Self {
         self.config.max_request_body = bytes;
         self
     }
 
-    /// Largest response body buffered for storing [1 MiB]. A larger response
+    /// Largest response body buffered for storing (default: 1 MiB). A larger response
     /// is still sent, but not stored (the key is released).
     pub fn max_response_body(mut self, bytes: usize) -> Self {
         self.config.max_response_body = bytes;
         self
     }
 
-    /// Response headers stored and replayed [`content-type`, `location`].
+    /// Response headers stored and replayed (default: `content-type`, `location`).
     pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.config.stored_headers = names.into_iter().collect();
         self
     }
 
-    /// Which statuses are stored [all but 5xx and 429]; the others release the
+    /// Which statuses are stored (default: all but 5xx and 429); the others release the
     /// key so that a retry runs the handler again.
     pub fn store_policy(
         mut self,
@@ -160,13 +160,13 @@ impl<C> IdempotencyLayer<C> {
     }
 
     /// When Redis (or the mirror) is unreachable, run the handler without
-    /// idempotency instead of answering 503 [false: fail closed].
+    /// idempotency instead of answering 503 (default: false, fail closed).
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.config.fail_open = fail_open;
         self
     }
 
-    /// Upper bound of the `Retry-After` of a 409 [2 s]. The module answers the
+    /// Upper bound of the `Retry-After` of a 409 (default: 2 s). The module answers the
     /// holder's remaining lease, which renewal keeps near the full lease: an
     /// upper bound of the wait, not an estimate.
     pub fn max_retry_after(mut self, max: Duration) -> Self {
@@ -174,8 +174,8 @@ impl<C> IdempotencyLayer<C> {
         self
     }
 
-    /// What goes into the request fingerprint [method, path and query, body
-    /// with RFC 8785 canonical JSON].
+    /// What goes into the request fingerprint (default: method, path and query, body
+    /// with RFC 8785 canonical JSON).
     pub fn fingerprinter(mut self, fingerprinter: Fingerprinter) -> Self {
         self.config.fingerprinter = fingerprinter;
         self

@@ -141,12 +141,8 @@ pub fn keys(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
 
 /// An `INFO idem` integer field.
 pub fn info_field(conn: &mut redis::Connection, name: &str) -> i64 {
-    let text: String = redis::cmd("INFO")
-        .arg("idem")
-        .query(conn)
-        .expect("INFO idem");
-    text.lines()
-        .find_map(|l| l.trim_end().strip_prefix(&format!("{name}:"))?.parse().ok())
+    let text = idem_testkit::info::idem_info_text(conn);
+    idem_testkit::info::info_int(&text, name)
         .unwrap_or_else(|| panic!("INFO idem has no {name}:\n{text}"))
 }
 
@@ -381,23 +377,7 @@ pub async fn connect_pg(url: &str) -> tokio_postgres::Client {
         .expect("connect to Postgres")
 }
 
-/// Polls `check` (async) until true or `timeout`.
-pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub use idem_testkit::eventually_async as wait_until;
 
 /// The `idem-writer` binary running as a child process, its log in a file.
 pub struct WriterProcess {

@@ -186,15 +186,10 @@ impl TestApp {
     }
 
     pub async fn info_field(&self, name: &str) -> u64 {
-        let info = self.redis_cmd(redis::cmd("INFO").arg("idem")).await;
-        let text = match info {
-            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-            redis::Value::VerbatimString { text, .. } => text,
-            other => panic!("INFO reply {other:?}"),
-        };
-        text.lines()
-            .find_map(|line| line.strip_prefix(&format!("{name}:")))
-            .and_then(|v| v.trim().parse().ok())
+        let mut conn = self.redis.async_conn().await;
+        let text = idem_testkit::info::idem_info_text_async(&mut conn).await;
+        idem_testkit::info::info_int(&text, name)
+            .and_then(|v| u64::try_from(v).ok())
             .unwrap_or_else(|| panic!("{name} not in INFO idem:\n{text}"))
     }
 
@@ -207,23 +202,5 @@ impl TestApp {
             let _ = stop.send(());
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
-    }
-}
-
-/// Polls `check` every 20 ms until it holds or `timeout` passes.
-pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
