@@ -8,6 +8,12 @@
 #      with the same TTL (>= 0.9x)
 #   4. memory per completed record (36-byte key, 256-byte body) vs the Lua
 #      version's hash (no more), as INFO used_memory deltas over MEM_RECORDS.
+#   5. Redis' own time per call (INFO commandstats usec_per_call, reset
+#      before each phase), steadier than throughput on a shared machine:
+#      BEGIN new vs SET NX EX (<= 1.25x), BEGIN replay vs GET (<= 1.25x),
+#      BEGIN in-flight and mismatch vs GET, COMPLETE vs SET EX of the same
+#      256-byte body (<= 1.5x; both called from the same Lua fill loop), and
+#      COMPLETE waking one WAIT client vs COMPLETE alone.
 #
 # Throughput comes from redis-benchmark (pipelined, many clients, random keys
 # via -r and __rand_int__), each phase on a flushed database, ROUNDS times in
@@ -90,6 +96,12 @@ flush() {
     cli CONFIG RESETSTAT >/dev/null
 }
 
+# usec <command>: usec_per_call of a command since the last flush.
+usec() {
+    cli INFO commandstats | tr -d '\r' |
+        awk -F'[:,=]' -v c="cmdstat_$1" '$1 == c { for (i = 2; i < NF; i++) if ($i == "usec_per_call") print $(i + 1) }'
+}
+
 # bench <requests> <keyspace> <command...>: requests per second.
 bench() {
     local n=$1 r=$2
@@ -134,6 +146,43 @@ batched() { # batched <count> <script> <args after the range...>
     done
 }
 fill_module() { batched "$1" "$FILL_MODULE" "$2" "$3" "$4" "$TTL"; }
+# In-progress records with a long lease (for the in-flight phase).
+FILL_HELD='for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
+  redis.call("IDEM.BEGIN", string.format(ARGV[3], i), ARGV[4], ARGV[5], "LEASE", 3600000)
+end
+return 1'
+
+# COMPLETE with one client blocked in BEGIN ... WAIT on each key, vs COMPLETE
+# of keys nobody waits on: what waking a waiter adds to the completion.
+WAKE_KEYS=${WAKE_KEYS:-200}
+wake_phase() {
+    flush
+    local tokens i pids=()
+    mapfile -t tokens < <(for i in $(seq "$WAKE_KEYS"); do
+        cli IDEM.BEGIN "w:$i" "$FP" "$TTL" | sed -n 2p; done)
+    for i in $(seq "$WAKE_KEYS"); do
+        cli IDEM.BEGIN "w:$i" "$FP" "$TTL" WAIT 30000 >/dev/null &
+        pids+=($!)
+    done
+    for _ in $(seq 200); do
+        (($(info_field idem_waiters idem) == WAKE_KEYS)) && break
+        sleep 0.05
+    done
+    (($(info_field idem_waiters idem) == WAKE_KEYS)) || fail "waiters did not block"
+    cli CONFIG RESETSTAT >/dev/null
+    for i in $(seq "$WAKE_KEYS"); do
+        printf 'IDEM.COMPLETE w:%s %s 200 %s\n' "$i" "${tokens[$((i - 1))]}" "$BODY"
+    done | cli >/dev/null
+    wait "${pids[@]}"
+    U_WAKE+=("$(usec IDEM.COMPLETE)")
+    mapfile -t tokens < <(for i in $(seq "$WAKE_KEYS"); do
+        cli IDEM.BEGIN "n:$i" "$FP" "$TTL" | sed -n 2p; done)
+    cli CONFIG RESETSTAT >/dev/null
+    for i in $(seq "$WAKE_KEYS"); do
+        printf 'IDEM.COMPLETE n:%s %s 200 %s\n' "$i" "${tokens[$((i - 1))]}" "$BODY"
+    done | cli >/dev/null
+    U_NOWAKE+=("$(usec IDEM.COMPLETE)")
+}
 fill_strings() { batched "$1" "$FILL_STRINGS" "$2" "$3" "$TTL"; }
 
 # The Lua baseline's records, through the scripts themselves: the counter
@@ -168,6 +217,7 @@ used_memory() {
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 declare -a R_BEGIN R_SET R_LUA R_REPLAY R_GET R_LUA_REPLAY
+declare -a U_BEGIN U_SET U_REPLAY U_GET U_INFLIGHT U_MISMATCH U_COMPLETE U_SETBODY U_WAKE U_NOWAKE
 NINETY_NINE=$((REQUESTS * 99 / 100))
 LUA_NINETY_NINE=$((LUA_REQUESTS * 99 / 100))
 
@@ -180,10 +230,12 @@ for round in $(seq "$ROUNDS"); do
     before=$(info_field idem_new idem)
     R_BEGIN+=("$(bench "$REQUESTS" "$FRESH_KEYSPACE" IDEM.BEGIN "k:__rand_int__" "$FP" "$TTL")")
     at_least $(($(info_field idem_new idem) - before)) "$NINETY_NINE" "BEGIN fresh: new outcomes"
+    U_BEGIN+=("$(usec IDEM.BEGIN)")
 
     flush
     R_SET+=("$(bench "$REQUESTS" "$FRESH_KEYSPACE" SET "k:__rand_int__" "$FP" NX EX "$TTL")")
     at_least "$(cli DBSIZE)" "$NINETY_NINE" "SET NX: keys"
+    U_SET+=("$(usec set)")
 
     flush
     R_LUA+=("$(bench "$LUA_REQUESTS" "$FRESH_KEYSPACE" EVALSHA "$SHA_BEGIN" 2 "k:__rand_int__" \
@@ -192,14 +244,35 @@ for round in $(seq "$ROUNDS"); do
 
     flush
     fill_module "$REPLAY_KEYS" "k:%012d" "$FP" "$BODY"
+    U_COMPLETE+=("$(usec IDEM.COMPLETE)")
+    cli CONFIG RESETSTAT >/dev/null
     before=$(info_field idem_replay idem)
     R_REPLAY+=("$(bench "$REQUESTS" "$REPLAY_KEYS" IDEM.BEGIN "k:__rand_int__" "$FP" "$TTL")")
     at_least $(($(info_field idem_replay idem) - before)) "$REQUESTS" "BEGIN replay: replays"
+    U_REPLAY+=("$(usec IDEM.BEGIN)")
+    cli CONFIG RESETSTAT >/dev/null
+    before=$(info_field idem_mismatch idem)
+    bench "$REQUESTS" "$REPLAY_KEYS" IDEM.BEGIN "k:__rand_int__" "other-$FP" "$TTL" >/dev/null
+    at_least $(($(info_field idem_mismatch idem) - before)) "$REQUESTS" "BEGIN mismatch"
+    U_MISMATCH+=("$(usec IDEM.BEGIN)")
+
+    flush
+    batched "$REPLAY_KEYS" "$FILL_HELD" "k:%012d" "$FP" "$TTL"
+    cli CONFIG RESETSTAT >/dev/null
+    before=$(info_field idem_in_flight idem)
+    bench "$REQUESTS" "$REPLAY_KEYS" IDEM.BEGIN "k:__rand_int__" "$FP" "$TTL" >/dev/null
+    at_least $(($(info_field idem_in_flight idem) - before)) "$REQUESTS" "BEGIN in-flight"
+    U_INFLIGHT+=("$(usec IDEM.BEGIN)")
 
     flush
     fill_strings "$REPLAY_KEYS" "k:%012d" "$BODY"
+    U_SETBODY+=("$(usec set)")
+    cli CONFIG RESETSTAT >/dev/null
     R_GET+=("$(bench "$REQUESTS" "$REPLAY_KEYS" GET "k:__rand_int__")")
     at_least "$(info_field keyspace_hits stats)" "$REQUESTS" "GET: hits"
+    U_GET+=("$(usec get)")
+
+    wake_phase
 
     flush
     fill_lua "$REPLAY_KEYS" "k:%012d"
@@ -296,6 +369,24 @@ row "memory/record, mirrored (acked) vs Lua hash" "${MEM_MIRRORED} B" "${MEM_LUA
     "$(ratio "$MEM_MIRRORED" "$MEM_LUA")" "<=1.00" "$(ge "$MEM_LUA" "$MEM_MIRRORED" 1)"
 row "memory/record, mirrored vs 256 B string+TTL" "${MEM_MIRRORED} B" "${MEM_STRING} B" \
     "$(ratio "$MEM_MIRRORED" "$MEM_STRING")" "-" 1
+# Redis' own time per call, medians of the rounds.
+U() { median "$@"; }
+le() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { print (a / b <= t) ? 1 : 0 }'; }
+urow() { # urow <what> <idem usec> <baseline usec> <target or -> 
+    local target=$4 pass=1
+    [[ $target == - ]] || pass=$(le "$2" "$3" "${target#<=}")
+    row "$1" "$2 us" "$3 us" "$(ratio "$2" "$3")" "$target" "$pass"
+}
+echo
+printf '%-46s %14s %14s %8s %8s  %s\n' "usec_per_call (commandstats, medians)" "idem" "baseline" "ratio" "target" "result"
+printf '%.0s-' {1..102}
+echo
+urow "BEGIN new vs SET NX EX" "$(U "${U_BEGIN[@]}")" "$(U "${U_SET[@]}")" "<=1.25"
+urow "BEGIN replay (256 B) vs GET (256 B)" "$(U "${U_REPLAY[@]}")" "$(U "${U_GET[@]}")" "<=1.25"
+urow "BEGIN in-flight vs GET" "$(U "${U_INFLIGHT[@]}")" "$(U "${U_GET[@]}")" "-"
+urow "BEGIN mismatch vs GET" "$(U "${U_MISMATCH[@]}")" "$(U "${U_GET[@]}")" "-"
+urow "COMPLETE (256 B) vs SET EX (256 B), in Lua" "$(U "${U_COMPLETE[@]}")" "$(U "${U_SETBODY[@]}")" "<=1.50"
+urow "COMPLETE waking 1 WAIT client vs none" "$(U "${U_WAKE[@]}")" "$(U "${U_NOWAKE[@]}")" "-"
 echo
 echo "per round (ops/s):"
 echo "  BEGIN fresh  ${R_BEGIN[*]}"
@@ -304,6 +395,7 @@ echo "  Lua BEGIN    ${R_LUA[*]}"
 echo "  BEGIN replay ${R_REPLAY[*]}"
 echo "  GET          ${R_GET[*]}"
 echo "  Lua replay   ${R_LUA_REPLAY[*]}"
+echo "per round (usec_per_call): BEGIN new ${U_BEGIN[*]} | SET NX ${U_SET[*]} | replay ${U_REPLAY[*]} | GET ${U_GET[*]}"
 echo "requests: $REQUESTS per phase ($LUA_REQUESTS for Lua), fingerprint: 32 B, keys: 36 B (memory), body: 256 B," \
     "$MEM_RECORDS records per memory variant"
 

@@ -11,6 +11,7 @@ use redis_module::{
 };
 
 mod commands;
+mod compat;
 mod config;
 mod datatype;
 mod effects;
@@ -63,6 +64,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     );
     ffi::key::set_record_type(*IDEM_TYPE.raw_type.borrow());
     info::register(ctx);
+    compat::check(ctx);
     match commands::register(ctx).and_then(|()| mirror::events::subscribe(ctx)) {
         Ok(()) => Status::Ok,
         Err(e) => {

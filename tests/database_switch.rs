@@ -58,3 +58,21 @@ fn move_and_copy_to_another_database_keep_the_clients_database() {
         assert_eq!(pulled_keys(&pull(&mut c, 10, None, None)), [key]);
     }
 }
+
+/// On a server with the database-switch bug the module says so at load,
+/// with the fix; on others it says nothing.
+#[test]
+fn an_affected_server_is_named_in_the_log_at_load() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    let i = info(&mut c, "server");
+    let affected = i.get("valkey_version").is_some_and(|v| {
+        let p: Vec<u32> = v.split('.').map_while(|x| x.parse().ok()).collect();
+        let v = [0, 1, 2].map(|k| p.get(k).copied().unwrap_or(0));
+        ([8, 0, 0]..[9, 1, 1]).contains(&v)
+    });
+    let warned = s
+        .log()
+        .contains("stays switched to the destination database");
+    assert_eq!(warned, affected, "{}", server_name(&mut c));
+}

@@ -103,6 +103,31 @@ impl Ctx {
         unsafe { api!(RedisModule_ReplicateVerbatim)(self.0) };
     }
 
+    /// A field of an INFO section, as text (at load: `server`'s
+    /// `valkey_version`, say).
+    pub fn server_info_field(
+        self,
+        section: &std::ffi::CStr,
+        field: &std::ffi::CStr,
+    ) -> Option<String> {
+        // SAFETY: a live context; the data is freed below, after the field
+        // (a C string inside it) was copied.
+        unsafe {
+            let data = api!(RedisModule_GetServerInfo)(self.0, section.as_ptr());
+            if data.is_null() {
+                return None;
+            }
+            let value = api!(RedisModule_ServerInfoGetFieldC)(data, field.as_ptr());
+            let out = (!value.is_null()).then(|| {
+                std::ffi::CStr::from_ptr(value)
+                    .to_string_lossy()
+                    .into_owned()
+            });
+            api!(RedisModule_FreeServerInfo)(self.0, data);
+            out
+        }
+    }
+
     /// Sets the module options (at load).
     pub fn set_module_options(self, options: u32) {
         // SAFETY: a live load context.

@@ -148,6 +148,15 @@ impl Gen {
         (0..n).map(|_| self.rng.gen()).collect()
     }
 
+    /// `usual` with probability `p`, else what `other` makes.
+    fn mostly(&mut self, p: f64, usual: &[u8], other: fn(&mut Gen) -> Vec<u8>) -> Vec<u8> {
+        if self.rng.gen_bool(p) {
+            usual.to_vec()
+        } else {
+            other(self)
+        }
+    }
+
     fn number(&mut self) -> Vec<u8> {
         match self.rng.gen_range(0..10) {
             0..=5 => NUMBERS[self.rng.gen_range(0..NUMBERS.len())].into(),
@@ -226,22 +235,14 @@ impl Gen {
         match name {
             "IDEM.BEGIN" => {
                 a.push(key);
-                a.push(if self.rng.gen_bool(0.8) {
-                    b"fp".to_vec()
-                } else {
-                    self.junk()
-                });
+                a.push(self.mostly(0.8, b"fp", Gen::junk));
                 a.push(self.number());
                 a.extend(self.options(&["LEASE", "WAIT"]));
             }
             "IDEM.COMPLETE" => {
                 a.push(key);
                 a.push(self.token());
-                a.push(if self.rng.gen_bool(0.7) {
-                    b"200".to_vec()
-                } else {
-                    self.number()
-                });
+                a.push(self.mostly(0.7, b"200", Gen::number));
                 a.push(self.body());
                 a.extend(self.options(&["HEADER", "MIRRORED"]));
             }
@@ -320,12 +321,21 @@ impl Gen {
         let ok = self.pick(&o).to_vec();
         self.others = o;
         let n = self.number();
+        // TTLs up to ten years, or malformed: farther ones make the module
+        // write records it cannot load (tests/expiry_bounds.rs).
+        let ttl = match std::str::from_utf8(&n)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+        {
+            Some(ms) if ms > 315_360_000_000 => b"315360000000".to_vec(),
+            _ => n.clone(),
+        };
         let v: Vec<&[u8]> = match self.rng.gen_range(0..16) {
             0 => vec![b"SET", &ok, b"value"],
             1 => vec![b"HSET", &ok, b"f", b"v"],
             2 => vec![b"LPUSH", &ok, b"x"],
             3 => vec![b"DEL", &k],
-            4 => vec![b"PEXPIRE", &k, &n],
+            4 => vec![b"PEXPIRE", &k, &ttl],
             5 => vec![b"PERSIST", &k],
             6 => vec![b"RENAME", &k, &k2],
             7 => vec![b"COPY", &k, &k2, b"REPLACE"],

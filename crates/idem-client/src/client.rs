@@ -1,7 +1,6 @@
 //! `IdemClient`: the IDEM.* commands over any async redis-rs connection
 //! (multiplexed, connection manager, cluster), each call bounded by a timeout.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,12 +8,10 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Value};
 
+use crate::call::{bounded, DEFAULT_CALL_TIMEOUT};
 use crate::reply::{parse_abort, parse_begin, parse_ok, parse_touch};
 use crate::wait_connections::{DedicatedConnections, WaitConnections};
 use crate::{BeginOptions, IdemError, Origin, Outcome, StoredResponse};
-
-/// Default bound on one non-blocking call.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Async client for the idem module. Cheap to clone; clones share the
 /// connection.
@@ -174,17 +171,6 @@ where
             cmd.query_async(&mut conn).await
         })
         .await
-    }
-}
-
-/// Runs `call` for at most `timeout`; a timeout is `Unavailable`.
-pub(crate) async fn bounded<T>(
-    timeout: Duration,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> Result<T, IdemError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(result) => result.map_err(IdemError::from),
-        Err(_) => Err(IdemError::timeout(timeout)),
     }
 }
 

@@ -4,6 +4,7 @@
 //! `Idempotency-Key` middleware, and the Postgres fence for handlers whose
 //! effects live in Postgres.
 
+mod call;
 pub mod canonical_json;
 mod client;
 mod error;
@@ -15,7 +16,8 @@ mod read_through;
 mod reply;
 mod wait_connections;
 
-pub use client::{IdemClient, DEFAULT_CALL_TIMEOUT};
+pub use call::DEFAULT_CALL_TIMEOUT;
+pub use client::IdemClient;
 pub use error::IdemError;
 pub use fence::{Claim, Fence, FenceTransaction, TableLayout};
 pub use fingerprint::{Fingerprint, Fingerprinter};

@@ -11,7 +11,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, RedisResult, Value};
 
-use crate::client::bounded;
+use crate::call::{bounded, DEFAULT_CALL_TIMEOUT};
 use crate::IdemError;
 
 /// Runs one blocking command on a connection nobody else uses meanwhile.
@@ -39,7 +39,7 @@ impl DedicatedConnections<MultiplexedConnection> {
             let client = client.clone();
             Box::pin(async move {
                 let config = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(crate::client::DEFAULT_CALL_TIMEOUT);
+                    .set_connection_timeout(DEFAULT_CALL_TIMEOUT);
                 client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await

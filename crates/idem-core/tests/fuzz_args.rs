@@ -4,6 +4,7 @@
 //! they say. Many cases; runs in a few seconds in release.
 
 use idem_core::args::{self, Limits};
+use idem_core::wire::ErrorCode::{self, BadArg, TooLarge};
 use proptest::prelude::*;
 
 const LIMITS: Limits = Limits {
@@ -76,9 +77,9 @@ fn refs(v: &[Vec<u8>]) -> Vec<&[u8]> {
     v.iter().map(Vec::as_slice).collect()
 }
 
-fn only_documented<T: std::fmt::Debug>(r: Result<T, idem_core::Error>, codes: &[&str]) {
+fn only_documented<T: std::fmt::Debug>(r: Result<T, idem_core::Error>, codes: &[ErrorCode]) {
     if let Err(e) = r {
-        assert!(codes.contains(&e.code().as_str()), "unexpected error {e}");
+        assert!(codes.contains(&e.code()), "unexpected error {e}");
         assert!(e.to_string().starts_with(e.code().as_str()), "{e}");
     }
 }
@@ -121,20 +122,20 @@ proptest! {
 
     #[test]
     fn any_begin_arguments_are_parsed_or_refused(a in words(9)) {
-        only_documented(args::begin(&refs(&a), &LIMITS), &["BADARG"]);
+        only_documented(args::begin(&refs(&a), &LIMITS), &[BadArg]);
     }
 
     #[test]
     fn any_complete_arguments_are_parsed_or_refused(a in words(12)) {
-        only_documented(args::complete(&refs(&a), &LIMITS), &["BADARG", "TOOLARGE"]);
+        only_documented(args::complete(&refs(&a), &LIMITS), &[BadArg, TooLarge]);
     }
 
     #[test]
     fn any_key_token_touch_pull_arguments_are_parsed_or_refused(a in words(7)) {
         let a = refs(&a);
-        only_documented(args::key_token(&a, "usage"), &["BADARG"]);
-        only_documented(args::touch(&a), &["BADARG"]);
-        only_documented(args::pull(&a, 30_000), &["BADARG"]);
+        only_documented(args::key_token(&a, "usage"), &[BadArg]);
+        only_documented(args::touch(&a), &[BadArg]);
+        only_documented(args::pull(&a, 30_000), &[BadArg]);
     }
 
     #[test]
@@ -176,7 +177,7 @@ proptest! {
             }
             Err(e) => {
                 prop_assert!(!valid, "valid BEGIN refused: {}", e);
-                prop_assert_eq!(e.code().as_str(), "BADARG");
+                prop_assert_eq!(e.code(), BadArg);
             }
         }
     }
@@ -215,10 +216,10 @@ proptest! {
                     c.headers.iter().map(|h| (h.name.clone(), h.value.clone())).collect();
                 prop_assert_eq!(got, headers);
             }
-            Err(e) if !valid_args => prop_assert_eq!(e.code().as_str(), "BADARG"),
+            Err(e) if !valid_args => prop_assert_eq!(e.code(), BadArg),
             Err(e) => {
                 prop_assert!(size as u64 > LIMITS.max_body_bytes, "valid COMPLETE refused: {}", e);
-                prop_assert_eq!(e.code().as_str(), "TOOLARGE");
+                prop_assert_eq!(e.code(), TooLarge);
             }
         }
     }
@@ -242,7 +243,7 @@ proptest! {
                 prop_assert_eq!(p.claim_ms, claim.unwrap_or(777));
                 prop_assert_eq!(p.block_ms, block);
             }
-            Err(e) => prop_assert!(!valid && e.code().as_str() == "BADARG", "{}", e),
+            Err(e) => prop_assert!(!valid && e.code() == BadArg, "{}", e),
         }
 
         let t = [b"k".to_vec(), token.to_string().into_bytes(), lease.to_string().into_bytes()];

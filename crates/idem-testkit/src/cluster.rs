@@ -47,10 +47,13 @@ impl RedisCluster {
         cluster
     }
 
+    /// A cluster node; its bus port is a free port of its own (the default,
+    /// port + 10000, does not exist for ports above 55535).
     fn new_node(&self) -> RedisServer {
         RedisConfig::default()
             .server_arg("cluster-enabled", "yes")
             .server_arg("cluster-node-timeout", &self.node_timeout_ms.to_string())
+            .server_arg("cluster-port", &free_port().to_string())
             .start()
     }
 
@@ -192,11 +195,17 @@ impl RedisCluster {
         let port = node.port;
         self.nodes.push(node);
         let i = self.nodes.len() - 1;
+        let (_, bus_port): (String, u16) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("cluster-port")
+            .query(&mut self.conn(i))
+            .expect("CONFIG GET cluster-port");
         let first = self.live()[0];
         let _: () = redis::cmd("CLUSTER")
             .arg("MEET")
             .arg("127.0.0.1")
             .arg(port)
+            .arg(bus_port)
             .query(&mut self.conn(first))
             .expect("CLUSTER MEET");
         let id = self.node_id(i);
@@ -254,10 +263,22 @@ impl RedisCluster {
                 .expect("MIGRATE");
         }
         setslot(&mut dst, "NODE", &to_id);
-        setslot(&mut src, "NODE", &to_id);
+        // A primary that just gave away its last slot may already have
+        // turned into a replica of the receiver (replica migration).
         for i in self.live() {
-            if i != from && i != to {
-                setslot(&mut self.conn(i), "NODE", &to_id);
+            if i != to {
+                let result: redis::RedisResult<()> = redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg("NODE")
+                    .arg(&to_id)
+                    .query(&mut self.conn(i));
+                if let Err(e) = result {
+                    assert!(
+                        self.role(i) == "slave",
+                        "CLUSTER SETSLOT {slot} NODE on node {i}: {e}"
+                    );
+                }
             }
         }
     }

@@ -16,6 +16,8 @@ struct ClusterNode {
     /// Not failed, not in handshake, has an address.
     usable: bool,
     config_epoch: u64,
+    /// The line of the node that answered.
+    myself: bool,
 }
 
 pub struct ClusterDiscovery {
@@ -52,9 +54,8 @@ impl ClusterDiscovery {
         })
     }
 
-    /// Asks every seed and known node at once; trusts the view whose
-    /// largest config epoch is highest (the one that has seen the latest
-    /// failover), and returns its primaries.
+    /// Asks every seed and known node at once, and returns the primaries
+    /// (see [`choose`]).
     pub async fn primaries(&mut self) -> anyhow::Result<Vec<Target>> {
         let mut asked: Vec<ConnectionInfo> = Vec::new();
         for info in self.seeds.iter().chain(&self.known) {
@@ -62,42 +63,89 @@ impl ClusterDiscovery {
                 asked.push(info.clone());
             }
         }
-        let replies = join_all(asked.iter().map(|info| async move {
-            let reply = query_once(info, redis::cmd("CLUSTER").arg("NODES")).await;
-            (info, reply)
-        }))
-        .await;
-        let mut best: Option<Vec<ClusterNode>> = None;
+        let mut views = Vec::new();
         let mut failures = Vec::new();
-        for (info, reply) in replies {
-            let view = reply
-                .map_err(anyhow::Error::from)
-                .and_then(|v| parse_cluster_nodes(&v, host_of(info).unwrap_or_default()));
-            match (view, &best) {
-                (Ok(view), Some(b)) if max_epoch(&view) <= max_epoch(b) => {}
-                (Ok(view), _) => best = Some(view),
-                (Err(error), _) => failures.push(format!("{}: {error:#}", info.addr)),
-            }
-        }
-        let view = best.with_context(|| {
-            format!(
-                "no cluster node answered CLUSTER NODES ({})",
-                failures.join("; ")
-            )
-        })?;
-        let usable: Vec<&ClusterNode> = view.iter().filter(|n| n.usable).collect();
-        self.known = usable
+        ask_all(&asked, &mut views, &mut failures).await;
+        anyhow::ensure!(
+            !views.is_empty(),
+            "no cluster node answered CLUSTER NODES ({})",
+            failures.join("; ")
+        );
+        // Nodes first seen now (all of them at start) are asked too, so
+        // that each can speak for its own role.
+        let address = |n: &ClusterNode| with_address(&self.template, &n.host, n.port);
+        let (usable, _) = choose(&views);
+        let unasked = usable
             .iter()
-            .map(|n| with_address(&self.template, &n.host, n.port))
-            .collect::<anyhow::Result<_>>()?;
-        let primaries = usable
+            .map(address)
+            .filter(|info| match info {
+                Ok(info) => !asked.iter().any(|a| a.addr == info.addr),
+                Err(_) => true,
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        ask_all(&unasked, &mut views, &mut failures).await;
+        let (usable, primaries) = choose(&views);
+        self.known = usable.iter().map(address).collect::<anyhow::Result<_>>()?;
+        let primaries = primaries
             .iter()
-            .filter(|n| n.primary)
-            .map(|n| with_address(&self.template, &n.host, n.port).map(Target::new))
+            .map(|n| address(n).map(Target::new))
             .collect::<anyhow::Result<Vec<_>>>()?;
         anyhow::ensure!(!primaries.is_empty(), "the cluster lists no usable primary");
         Ok(primaries)
     }
+}
+
+/// `CLUSTER NODES` of every node in `nodes` at once: the views into
+/// `views`, the failures into `failures`.
+async fn ask_all(
+    nodes: &[ConnectionInfo],
+    views: &mut Vec<Vec<ClusterNode>>,
+    failures: &mut Vec<String>,
+) {
+    let replies = join_all(nodes.iter().map(|info| async move {
+        let reply = query_once(info, redis::cmd("CLUSTER").arg("NODES")).await;
+        (info, reply)
+    }))
+    .await;
+    for (info, reply) in replies {
+        match reply
+            .map_err(anyhow::Error::from)
+            .and_then(|v| parse_cluster_nodes(&v, host_of(info).unwrap_or_default()))
+        {
+            Ok(view) => views.push(view),
+            Err(error) => failures.push(format!("{}: {error:#}", info.addr)),
+        }
+    }
+}
+
+/// From the answers: the usable nodes and the primaries of the view whose
+/// largest config epoch is highest (the one that has seen the latest
+/// failover; the first of equals), except that a node that answered itself
+/// is taken at its own word on its role (gossip about a role change, such as
+/// a replica just attached, can lag behind).
+fn choose(views: &[Vec<ClusterNode>]) -> (Vec<ClusterNode>, Vec<ClusterNode>) {
+    let mut best: Option<&Vec<ClusterNode>> = None;
+    for view in views {
+        match best {
+            Some(b) if max_epoch(view) <= max_epoch(b) => {}
+            _ => best = Some(view),
+        }
+    }
+    let own_word = |node: &ClusterNode| {
+        views
+            .iter()
+            .flatten()
+            .find(|n| n.myself && n.host == node.host && n.port == node.port)
+            .map_or(node.primary, |n| n.primary)
+    };
+    let usable: Vec<ClusterNode> = best
+        .into_iter()
+        .flatten()
+        .filter(|n| n.usable)
+        .cloned()
+        .collect();
+    let primaries = usable.iter().filter(|n| own_word(n)).cloned().collect();
+    (usable, primaries)
 }
 
 fn max_epoch(view: &[ClusterNode]) -> u64 {
@@ -140,6 +188,7 @@ fn parse_line(line: &str, asked_host: &str) -> anyhow::Result<ClusterNode> {
         primary: has("master"),
         usable: port != 0 && !has("fail") && !has("noaddr") && !has("handshake"),
         config_epoch,
+        myself: has("myself"),
     })
 }
 
@@ -175,6 +224,40 @@ aa11 127.0.0.1:30007@31007 handshake - 0 0 0 connected
         );
         assert_eq!(max_epoch(&nodes), 7);
         assert_eq!(nodes.iter().filter(|n| n.usable).count(), 5);
+    }
+
+    fn node(port: u16, primary: bool, epoch: u64, myself: bool) -> ClusterNode {
+        ClusterNode {
+            host: "h".into(),
+            port,
+            primary,
+            usable: true,
+            config_epoch: epoch,
+            myself,
+        }
+    }
+
+    #[test]
+    fn newest_view_wins_and_nodes_speak_for_themselves() {
+        // A stale view (epoch 3: node 2 still primary), a newer one (epoch 4:
+        // node 3 promoted), and node 4 reporting itself a replica while the
+        // newer view still lists it as a primary.
+        let stale = vec![
+            node(1, true, 1, true),
+            node(2, true, 3, false),
+            node(3, false, 2, false),
+        ];
+        let newer = vec![
+            node(1, true, 1, false),
+            node(2, false, 3, false),
+            node(3, true, 4, true),
+            node(4, true, 0, false),
+        ];
+        let replica = vec![node(4, false, 0, true)];
+        let (usable, primaries) = choose(&[stale, newer, replica]);
+        assert_eq!(usable.len(), 4);
+        let ports: Vec<u16> = primaries.iter().map(|n| n.port).collect();
+        assert_eq!(ports, vec![1, 3]);
     }
 
     #[test]

@@ -102,6 +102,9 @@ impl SentinelDiscovery {
                 tokio::select! {
                     result = follow_switches(sentinel, &service_name, &changed) => {
                         debug!(sentinel = %sentinel.addr, ?result, "Sentinel subscription ended");
+                        if result.is_ok() {
+                            backoff.reset(); // it was subscribed: not a failing sentinel
+                        }
                     }
                     () = stop.cancelled() => return,
                 }

@@ -16,13 +16,14 @@ use redis::aio::ConnectionLike;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use tower::{Service, ServiceExt};
 
+use super::begin::begin;
 use super::body::{collect_limited, BoxError, Collected, IdemBody};
+use super::config::Config;
 use super::key::redis_key;
-use super::layer::Config;
 use super::problem::{replay_response, Problem};
 use super::store::Held;
 use crate::fence::FenceReport;
-use crate::{BeginOptions, Claim, Fence, Fingerprint, IdemError, Outcome};
+use crate::{Claim, Fence, Fingerprint, IdemError, Outcome};
 
 /// `Retry-After` of a 409 the fence answers (another transaction holds the key).
 const FENCE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -86,34 +87,6 @@ where
         Err(err) => {
             tracing::error!(error = %err, "IDEM.BEGIN failed");
             Ok(Problem::Internal.into_response())
-        }
-    }
-}
-
-pub(crate) async fn begin<C>(
-    config: &Config<C>,
-    key: &str,
-    fingerprint: &Fingerprint,
-) -> Result<Outcome, IdemError>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let options = BeginOptions {
-        ttl: config.ttl,
-        lease: Some(config.lease),
-        wait: config.wait,
-    };
-    match &config.read_through {
-        Some(read_through) => {
-            read_through
-                .begin(&config.client, key, fingerprint.as_bytes(), options)
-                .await
-        }
-        None => {
-            config
-                .client
-                .begin(key, fingerprint.as_bytes(), options)
-                .await
         }
     }
 }
@@ -208,16 +181,23 @@ where
         }
         return Ok(respond(&key, parts, collected));
     }
-    if let Ok(Collected::Complete(body)) = &collected {
-        if (config.store_policy)(parts.status) {
+    match &collected {
+        Ok(Collected::Complete(body)) if (config.store_policy)(parts.status) => {
             let stored = held.stored(&parts, body);
             if let Some(answer) = held.store(&stored).await {
                 return Ok(answer);
             }
-            return Ok(respond(&key, parts, collected));
         }
+        Ok(Collected::Overflow { .. }) => {
+            tracing::warn!(
+                key,
+                limit,
+                "response larger than max_response_body: sent but not stored, key released"
+            );
+            held.release().await;
+        }
+        _ => held.release().await,
     }
-    held.release().await;
     Ok(respond(&key, parts, collected))
 }
 
@@ -258,7 +238,7 @@ where
 }
 
 /// The handler's response as it goes out: whole, resumed after the buffered
-/// prefix, or a 500 problem when its body failed.
+/// prefix, or a 500 problem when its body failed (the key is settled already).
 fn respond<B>(
     key: &str,
     parts: response::Parts,
@@ -267,14 +247,10 @@ fn respond<B>(
     match collected {
         Ok(Collected::Complete(body)) => Response::from_parts(parts, IdemBody::full(body)),
         Ok(Collected::Overflow { prefix, rest }) => {
-            tracing::warn!(
-                key,
-                "response larger than max_response_body: sent but not stored by the layer"
-            );
             Response::from_parts(parts, IdemBody::resumed(prefix, rest))
         }
         Err(err) => {
-            tracing::warn!(key, error = %err, "response body failed; key released");
+            tracing::warn!(key, error = %err, "response body failed");
             Problem::Internal.into_response()
         }
     }

@@ -9,11 +9,9 @@ use http::request::Parts;
 use http::{Method, StatusCode};
 use tower::Layer;
 
+use super::config::{default_store_policy, Config};
 use super::service::Idempotency;
 use crate::{Fingerprinter, IdemClient, ReadThrough};
-
-type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
-type StorePolicyFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 /// The layer. Options (defaults in brackets) are set with its methods.
 pub struct IdempotencyLayer<C> {
@@ -26,56 +24,6 @@ impl<C: Clone> Clone for IdempotencyLayer<C> {
             config: self.config.clone(),
         }
     }
-}
-
-pub(crate) struct Config<C> {
-    pub(crate) client: IdemClient<C>,
-    pub(crate) read_through: Option<ReadThrough>,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) header: HeaderName,
-    pub(crate) required: bool,
-    pub(crate) tenant: Option<Arc<TenantFn>>,
-    pub(crate) key_prefix: String,
-    pub(crate) ttl: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) max_request_body: usize,
-    pub(crate) max_response_body: usize,
-    pub(crate) stored_headers: Vec<HeaderName>,
-    pub(crate) store_policy: Arc<StorePolicyFn>,
-    pub(crate) fail_open: bool,
-    pub(crate) fingerprinter: Fingerprinter,
-    pub(crate) max_retry_after: Duration,
-}
-
-impl<C: Clone> Clone for Config<C> {
-    fn clone(&self) -> Self {
-        Config {
-            client: self.client.clone(),
-            read_through: self.read_through.clone(),
-            methods: self.methods.clone(),
-            header: self.header.clone(),
-            required: self.required,
-            tenant: self.tenant.clone(),
-            key_prefix: self.key_prefix.clone(),
-            ttl: self.ttl,
-            lease: self.lease,
-            wait: self.wait,
-            max_request_body: self.max_request_body,
-            max_response_body: self.max_response_body,
-            stored_headers: self.stored_headers.clone(),
-            store_policy: self.store_policy.clone(),
-            fail_open: self.fail_open,
-            fingerprinter: self.fingerprinter.clone(),
-            max_retry_after: self.max_retry_after,
-        }
-    }
-}
-
-/// The default store policy: everything but 5xx and 429 is stored; those
-/// release the key so the client can retry.
-pub fn default_store_policy(status: StatusCode) -> bool {
-    !(status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS)
 }
 
 impl<C> IdempotencyLayer<C> {

@@ -1,7 +1,9 @@
 //! Tower/axum middleware implementing the `Idempotency-Key` header (IETF
 //! httpapi draft, Stripe semantics) on top of the idem module.
 
+mod begin;
 mod body;
+mod config;
 mod flow;
 mod key;
 mod layer;
@@ -10,7 +12,8 @@ mod service;
 mod store;
 
 pub use body::{BoxError, IdemBody};
+pub use config::default_store_policy;
 pub use key::{parse_value as parse_key_header, redis_key, KeyError, MAX_KEY_BYTES};
-pub use layer::{default_store_policy, IdempotencyLayer};
+pub use layer::IdempotencyLayer;
 pub use problem::{replay_response, Problem, IDEMPOTENT_REPLAYED};
 pub use service::{Idempotency, ResponseFuture};

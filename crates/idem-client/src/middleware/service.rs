@@ -16,9 +16,9 @@ use redis::aio::ConnectionLike;
 use tower::Service;
 
 use super::body::{BoxError, IdemBody};
+use super::config::Config;
 use super::flow;
 use super::key::parse_key;
-use super::layer::Config;
 use super::problem::Problem;
 
 /// The middleware around an inner service `S`.

@@ -9,8 +9,9 @@ use bytes::Bytes;
 use http::{response, Response};
 use redis::aio::ConnectionLike;
 
+use super::begin::begin;
 use super::body::IdemBody;
-use super::layer::Config;
+use super::config::Config;
 use super::problem::{replay_response, Problem};
 use crate::{Fingerprint, IdemError, Origin, Outcome, StoredResponse};
 
@@ -137,7 +138,7 @@ where
     /// holder runs, or, when nobody holds the key any more, the handler's own
     /// response stored under the new token.
     async fn answer_again<B>(&self, stored: &StoredResponse) -> Override<B> {
-        match super::flow::begin(self.config, self.key, self.fingerprint).await {
+        match begin(self.config, self.key, self.fingerprint).await {
             Ok(Outcome::Replay(now)) => Some(replay_response(now)),
             Ok(Outcome::InFlight { retry_after }) => Some(
                 Problem::InFlight {
