@@ -18,9 +18,10 @@ cargo build --release -q -p idem-writer
 WRITER=${CARGO_TARGET_DIR:-target}/release/idem-writer
 
 base=${ADMIN_URL%/*}
-dbs=()
+# run_layout runs in a subshell; $$ stays this script's pid there.
 cleanup_dbs() {
-  for db in "${dbs[@]}"; do
+  for db in $(psql -X -qAt "$ADMIN_URL" -c \
+      "SELECT datname FROM pg_database WHERE datname LIKE 'idem_bench_part_%_$$'"); do
     psql -q "$ADMIN_URL" -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
   done
 }
@@ -33,7 +34,6 @@ now_s() { date +%s.%N; }
 # Prints "layout seconds wal_bytes size_after [vacuum_seconds vacuum_wal size_after_vacuum]".
 run_layout() {
   local layout=$1 db="idem_bench_part_${1}_$$"
-  dbs+=("$db")
   sql "$ADMIN_URL" "CREATE DATABASE $db" >/dev/null
   local url="$base/$db"
   "$WRITER" migrate --layout "$layout" --database-url "$url" >/dev/null 2>&1

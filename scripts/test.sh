@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
 
 ensure_base_packages
+ensure_packages python3:python3
 command -v cargo >/dev/null || { echo "cargo (Rust) is required" >&2; exit 1; }
 
 ensure_database_url 54329

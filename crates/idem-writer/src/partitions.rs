@@ -267,7 +267,7 @@ mod tests {
     #[test]
     fn names_and_bounds_follow_utc_days() {
         assert_eq!(partition_name(0), "idempotency_keys_p19700101");
-        assert_eq!(day_of_ms(1_795_995_415_104), 20_787);
+        assert_eq!(day_of_ms(1_796_000_000_000), 20_787);
         assert_eq!(partition_name(20_787), "idempotency_keys_p20261130");
         assert_eq!(
             bounds(20_787),
