@@ -498,7 +498,16 @@ impl Drop for WriterProcess {
 /// A minimal HTTP/1.0 GET: (status code, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     use std::io::Read as _;
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics address");
+    // A writer that was just started may not listen yet (creating partitions
+    // ahead first, say): retry the connection for a while.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut stream = loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("connect to the metrics address {addr}: {e}"),
+        }
+    };
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send request");
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("read response");
