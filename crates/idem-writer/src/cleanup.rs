@@ -2,9 +2,9 @@
 //! per short transaction, so the job never holds many locks or blocks the
 //! mirror for long; on the partitioned layout whole expired partitions.
 
-use anyhow::Context;
 use tokio_postgres::Client;
 
+use crate::error::{Context, Result};
 use crate::partitions::{self, Layout};
 
 /// Deletes up to `$1` expired rows; rows another transaction holds (a
@@ -25,10 +25,7 @@ WHERE t.key = doomed.key AND t.expires_at < now()
 /// Deletes every row that has expired, `batch_size` rows per statement
 /// (each its own transaction), until a batch comes back short. Returns how
 /// many rows were removed.
-pub async fn delete_expired(
-    client: &Client,
-    batch_size: u32,
-) -> Result<u64, tokio_postgres::Error> {
+async fn delete_expired(client: &Client, batch_size: u32) -> Result<u64, tokio_postgres::Error> {
     let statement = client.prepare(DELETE_EXPIRED_BATCH_SQL).await?;
     let limit = i64::from(batch_size.max(1));
     let mut removed = 0;
@@ -44,6 +41,7 @@ pub async fn delete_expired(
 /// What one cleanup pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Cleaned {
+    /// The layout the pass found.
     pub layout: Layout,
     /// Rows deleted one by one (unpartitioned layout).
     pub rows_deleted: u64,
@@ -70,7 +68,7 @@ impl std::fmt::Display for Cleaned {
 /// One cleanup pass on either layout: unpartitioned, [`delete_expired`];
 /// partitioned, drop the expired partitions and create `days_ahead` days of
 /// partitions ahead.
-pub async fn clean(client: &Client, batch_size: u32, days_ahead: u32) -> anyhow::Result<Cleaned> {
+pub async fn clean(client: &Client, batch_size: u32, days_ahead: u32) -> Result<Cleaned> {
     match partitions::detect(client).await? {
         Some(Layout::Partitioned) => Ok(Cleaned {
             layout: Layout::Partitioned,

@@ -1,10 +1,10 @@
 //! Redis Cluster discovery: the primaries, from `CLUSTER NODES` as the most
 //! up-to-date reachable node sees them.
 
-use anyhow::Context;
 use futures_util::future::join_all;
 use redis::{ConnectionInfo, Value};
 
+use crate::error::{ensure_config, Context, Error, Result};
 use crate::target::{host_of, parse_url, query_once, with_address, Target};
 
 /// One line of `CLUSTER NODES`, as far as discovery needs it.
@@ -30,21 +30,23 @@ pub struct ClusterDiscovery {
 }
 
 impl ClusterDiscovery {
-    pub fn new(seed_urls: &[String]) -> anyhow::Result<Self> {
-        anyhow::ensure!(
+    pub fn new(seed_urls: &[String]) -> Result<Self> {
+        ensure_config(
             !seed_urls.is_empty(),
-            "at least one Redis Cluster seed URL is needed"
-        );
+            "at least one Redis Cluster seed URL is needed",
+        )?;
         let seeds = seed_urls
             .iter()
             .map(|url| parse_url(url))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?;
         for seed in &seeds {
-            anyhow::ensure!(
+            ensure_config(
                 seed.redis.db == 0,
-                "Redis Cluster has only database 0 (seed URL names database {})",
-                seed.redis.db
-            );
+                format!(
+                    "Redis Cluster has only database 0 (seed URL names database {})",
+                    seed.redis.db
+                ),
+            )?;
             with_address(seed, "check", 1)?;
         }
         Ok(ClusterDiscovery {
@@ -56,7 +58,7 @@ impl ClusterDiscovery {
 
     /// Asks every seed and known node at once, and returns the primaries
     /// (see [`choose`]).
-    pub async fn primaries(&mut self) -> anyhow::Result<Vec<Target>> {
+    pub async fn primaries(&mut self) -> Result<Vec<Target>> {
         let mut asked: Vec<ConnectionInfo> = Vec::new();
         for info in self.seeds.iter().chain(&self.known) {
             if !asked.iter().any(|a| a.addr == info.addr) {
@@ -66,11 +68,12 @@ impl ClusterDiscovery {
         let mut views = Vec::new();
         let mut failures = Vec::new();
         ask_all(&asked, &mut views, &mut failures).await;
-        anyhow::ensure!(
-            !views.is_empty(),
-            "no cluster node answered CLUSTER NODES ({})",
-            failures.join("; ")
-        );
+        if views.is_empty() {
+            return Err(Error::Topology(format!(
+                "no cluster node answered CLUSTER NODES ({})",
+                failures.join("; ")
+            )));
+        }
         // Nodes first seen now (all of them at start) are asked too, so
         // that each can speak for its own role.
         let address = |n: &ClusterNode| with_address(&self.template, &n.host, n.port);
@@ -82,15 +85,19 @@ impl ClusterDiscovery {
                 Ok(info) => !asked.iter().any(|a| a.addr == info.addr),
                 Err(_) => true,
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?;
         ask_all(&unasked, &mut views, &mut failures).await;
         let (usable, primaries) = choose(&views);
-        self.known = usable.iter().map(address).collect::<anyhow::Result<_>>()?;
+        self.known = usable.iter().map(address).collect::<Result<_>>()?;
         let primaries = primaries
             .iter()
             .map(|n| address(n).map(Target::new))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        anyhow::ensure!(!primaries.is_empty(), "the cluster lists no usable primary");
+            .collect::<Result<Vec<_>>>()?;
+        if primaries.is_empty() {
+            return Err(Error::Topology(
+                "the cluster lists no usable primary".to_string(),
+            ));
+        }
         Ok(primaries)
     }
 }
@@ -109,11 +116,11 @@ async fn ask_all(
     .await;
     for (info, reply) in replies {
         match reply
-            .map_err(anyhow::Error::from)
+            .context("CLUSTER NODES")
             .and_then(|v| parse_cluster_nodes(&v, host_of(info).unwrap_or_default()))
         {
             Ok(view) => views.push(view),
-            Err(error) => failures.push(format!("{}: {error:#}", info.addr)),
+            Err(error) => failures.push(format!("{}: {}", info.addr, error.report())),
         }
     }
 }
@@ -154,33 +161,42 @@ fn max_epoch(view: &[ClusterNode]) -> u64 {
 
 /// Parses a `CLUSTER NODES` reply; `asked_host` stands in for a node that
 /// does not know its own address yet (`:7000@17000`).
-fn parse_cluster_nodes(reply: &Value, asked_host: &str) -> anyhow::Result<Vec<ClusterNode>> {
+fn parse_cluster_nodes(reply: &Value, asked_host: &str) -> Result<Vec<ClusterNode>> {
     let text = match reply {
         Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
         Value::VerbatimString { text, .. } => text.clone(),
         Value::SimpleString(s) => s.clone(),
-        other => anyhow::bail!("unexpected CLUSTER NODES reply {other:?}"),
+        other => {
+            return Err(Error::Topology(format!(
+                "unexpected CLUSTER NODES reply {other:?}"
+            )))
+        }
     };
     let nodes = text
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|line| {
-            parse_line(line, asked_host).with_context(|| format!("CLUSTER NODES line {line:?}"))
+            parse_line(line, asked_host)
+                .map_err(|e| Error::Topology(format!("CLUSTER NODES line {line:?}: {e}")))
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    anyhow::ensure!(!nodes.is_empty(), "empty CLUSTER NODES reply");
+        .collect::<Result<Vec<_>>>()?;
+    if nodes.is_empty() {
+        return Err(Error::Topology("empty CLUSTER NODES reply".to_string()));
+    }
     Ok(nodes)
 }
 
 /// `<id> <ip:port@cport[,hostname]> <flags> <primary> <ping> <pong> <epoch> <link> <slot>...`
-fn parse_line(line: &str, asked_host: &str) -> anyhow::Result<ClusterNode> {
+fn parse_line(line: &str, asked_host: &str) -> Result<ClusterNode, &'static str> {
     let fields: Vec<&str> = line.split_whitespace().collect();
-    anyhow::ensure!(fields.len() >= 8, "too few fields");
+    if fields.len() < 8 {
+        return Err("too few fields");
+    }
     let address = fields[1].split(['@', ',']).next().unwrap_or_default();
-    let (host, port) = address.rsplit_once(':').context("no port")?;
-    let port: u16 = port.parse().context("bad port")?;
+    let (host, port) = address.rsplit_once(':').ok_or("no port")?;
+    let port: u16 = port.parse().map_err(|_| "bad port")?;
     let flags: Vec<&str> = fields[2].split(',').collect();
-    let config_epoch = fields[6].parse().context("bad config epoch")?;
+    let config_epoch = fields[6].parse().map_err(|_| "bad config epoch")?;
     let has = |flag: &str| flags.contains(&flag);
     Ok(ClusterNode {
         host: if host.is_empty() { asked_host } else { host }.to_string(),

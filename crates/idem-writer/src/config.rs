@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use idem_core::args::MAX_PULL;
 
+use crate::error::{ensure_config, Result};
 use crate::partitions::{Layout, DEFAULT_DAYS_AHEAD};
 use crate::topology::Topology;
 
@@ -19,6 +20,8 @@ pub struct WriterConfig {
     /// How often the primaries of a cluster or Sentinel are discovered again
     /// (also soon after any node failure).
     pub topology_interval: Duration,
+    /// The Postgres database holding `idempotency_keys` (a `postgres://`
+    /// URL or a `key=value` connection string).
     pub database_url: String,
     /// Records per `IDEM.MIRROR.PULL` (1..=`MAX_PULL`), hence per upsert.
     pub batch_size: u32,
@@ -41,8 +44,10 @@ pub struct WriterConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// How often `INFO idem` is read from each node for the pending gauges.
     pub info_interval: Duration,
-    /// First and largest delay between retries against a failing server.
+    /// First delay between retries against a failing server (growing up
+    /// to `retry_max`).
     pub retry_initial: Duration,
+    /// Largest delay between retries against a failing server.
     pub retry_max: Duration,
     /// Longest wait for one Postgres upsert before the connection is dropped
     /// and the batch retried.
@@ -78,28 +83,28 @@ impl WriterConfig {
     }
 
     /// Rejects settings the module or the loop cannot work with.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
+    pub fn validate(&self) -> Result<()> {
+        ensure_config(
             !self.topology_interval.is_zero(),
-            "the topology interval must be positive"
-        );
-        anyhow::ensure!(
+            "the topology interval must be positive",
+        )?;
+        ensure_config(
             (1..=MAX_PULL).contains(&(self.batch_size as usize)),
-            "batch size must be 1..={MAX_PULL}"
-        );
-        anyhow::ensure!(!self.claim.is_zero(), "the claim must be positive");
-        anyhow::ensure!(
+            format!("batch size must be 1..={MAX_PULL}"),
+        )?;
+        ensure_config(!self.claim.is_zero(), "the claim must be positive")?;
+        ensure_config(
             self.block < self.claim,
-            "the pull's block time must be shorter than the claim"
-        );
-        anyhow::ensure!(
+            "the pull's block time must be shorter than the claim",
+        )?;
+        ensure_config(
             self.cleanup_batch_size > 0,
-            "cleanup batch size must be positive"
-        );
-        anyhow::ensure!(
+            "cleanup batch size must be positive",
+        )?;
+        ensure_config(
             !self.retry_initial.is_zero() && self.retry_initial <= self.retry_max,
-            "retry delays must satisfy 0 < initial <= max"
-        );
+            "retry delays must satisfy 0 < initial <= max",
+        )?;
         Ok(())
     }
 }

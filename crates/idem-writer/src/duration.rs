@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+/// A duration as the command line takes it: whole numbers with a unit
+/// (`ms`, `s`, `m`, `h`, `d`), summed (`1h30m`). The message says what is
+/// wrong.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text.is_empty() {

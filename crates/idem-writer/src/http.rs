@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -11,6 +10,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::{Context, Result};
 use crate::metrics::Metrics;
 
 /// Binds `addr` now (so a bad address fails the start) and serves until
@@ -19,7 +19,7 @@ pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("bind the metrics address {addr}"))?;

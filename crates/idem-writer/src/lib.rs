@@ -3,20 +3,56 @@
 //! (pull → one upsert per batch → commit → acknowledge), and deletes expired
 //! rows on a schedule. The primaries are a fixed list, or followed through
 //! failovers and reshards of a Redis Cluster or a Sentinel-managed primary.
+//!
+//! What a program embedding the writer uses:
+//! - [`run`] with a [`WriterConfig`] (built by [`WriterConfig::new`], its
+//!   public fields, [`Topology`], [`Layout`], [`parse_duration`]): the mirror
+//!   until shutdown;
+//! - [`connect`], then [`migrate`] or [`migrate_with_layout`]: the schema
+//!   alone;
+//! - [`cleanup_once`] (or [`cleanup::clean`] on a client of one's own): one
+//!   cleanup pass, answering what it did ([`Cleaned`]);
+//! - [`partitions`]: the partitioned layout's daily partitions;
+//! - [`store`]: the statements the writer writes rows with, for programs
+//!   that must agree with them (the client's fence is tested against them)
+//!   or seed the table the way the writer does, with [`MirrorRecord`]s.
+//!
+//! Every function fails with [`Error`].
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! # async fn example() -> idem_writer::Result<()> {
+//! let mut config = idem_writer::WriterConfig::new(
+//!     vec!["redis://127.0.0.1:6379/0".to_string()],
+//!     "postgres://postgres@127.0.0.1/idem",
+//! );
+//! config.batch_size = 500;
+//! config.cleanup_interval = Some(idem_writer::parse_duration("6h").expect("a duration"));
+//! config.shutdown_grace = Duration::from_secs(5);
+//! // Mirrors until Ctrl-C, then finishes the batches in hand.
+//! idem_writer::run(config, async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await
+//! # }
+//! ```
+#![warn(missing_docs)]
 
 mod backoff;
 pub mod cleanup;
 mod cluster;
 mod config;
-pub mod duration;
+mod duration;
+mod error;
 mod http;
-pub mod metrics;
+mod metrics;
 mod migrate;
 mod mirrors;
 mod node;
 pub mod partitions;
 mod postgres;
-pub mod record;
+mod record;
 mod redis_node;
 mod sentinel;
 pub mod store;
@@ -24,9 +60,12 @@ mod target;
 mod topology;
 mod writer;
 
+pub use cleanup::Cleaned;
 pub use config::WriterConfig;
+pub use duration::parse_duration;
+pub use error::{Error, Result};
 pub use migrate::{migrate, migrate_with_layout};
 pub use partitions::Layout;
-pub use record::MirrorRecord;
+pub use record::{MirrorRecord, NEVER_EXPIRES_MS};
 pub use topology::Topology;
 pub use writer::{cleanup_once, connect, run};

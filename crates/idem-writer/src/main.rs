@@ -8,9 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use idem_core::args::MAX_PULL;
-use idem_writer::duration::parse_duration;
 use idem_writer::partitions::DEFAULT_DAYS_AHEAD;
-use idem_writer::{Layout, Topology, WriterConfig};
+use idem_writer::{parse_duration, Layout, Topology, WriterConfig};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
@@ -171,7 +170,7 @@ async fn main() -> anyhow::Result<()> {
     // graceful path instead of killing the process.
     let shutdown = shutdown_signal()?;
     match cli.command {
-        Command::Run(args) => idem_writer::run(writer_config(*args), shutdown).await,
+        Command::Run(args) => Ok(idem_writer::run(writer_config(*args), shutdown).await?),
         Command::Migrate { database, layout } => {
             let mut client = idem_writer::connect(&database.database_url).await?;
             match layout {
@@ -259,7 +258,10 @@ async fn cleanup_forever(
         );
         match pass.await {
             Ok(cleaned) => tracing::info!("cleanup: {cleaned}"),
-            Err(error) => tracing::warn!(error = format!("{error:#}"), "cleanup failed"),
+            Err(error) => tracing::warn!(
+                error = format!("{:#}", anyhow::Error::from(error)),
+                "cleanup failed"
+            ),
         }
         tokio::select! {
             () = tokio::time::sleep(args.interval) => {}

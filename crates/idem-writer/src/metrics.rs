@@ -200,13 +200,6 @@ impl Metrics {
         }
     }
 
-    pub fn errors(&self, kind: ErrorKind) -> u64 {
-        ErrorKind::ALL
-            .iter()
-            .position(|k| *k == kind)
-            .map_or(0, |i| self.errors[i].load(Ordering::Relaxed))
-    }
-
     /// Healthy when Postgres and every mirrored node answered last time.
     pub fn unhealthy_parts(&self) -> Vec<String> {
         let mut down = Vec::new();

@@ -1,9 +1,9 @@
 //! Embedded, versioned schema migrations, applied under an advisory lock so
 //! that any number of writers may start (and migrate) at once.
 
-use anyhow::{bail, Context};
 use tracing::{info, warn};
 
+use crate::error::{Context, Error, Result};
 use crate::partitions::{self, Layout, DEFAULT_DAYS_AHEAD};
 
 /// One schema change, applied once, in version order.
@@ -30,7 +30,17 @@ const MIGRATION_LOCK_ID: i64 = 0x6964_656d_7772_6974;
 /// in one transaction. Idempotent; concurrent callers wait for each other.
 /// A fresh database gets the unpartitioned layout; an existing table keeps
 /// its layout.
-pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<()> {
+///
+/// ```no_run
+/// # async fn example() -> idem_writer::Result<()> {
+/// let mut client = idem_writer::connect("postgres://postgres@127.0.0.1/idem").await?;
+/// idem_writer::migrate(&mut client).await?;
+/// // Or, for a fresh database, the partitioned layout:
+/// idem_writer::migrate_with_layout(&mut client, idem_writer::Layout::Partitioned).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<()> {
     migrate_to(client, None).await.map(|_| ())
 }
 
@@ -41,7 +51,7 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> anyhow::Result<()> 
 pub async fn migrate_with_layout(
     client: &mut tokio_postgres::Client,
     layout: Layout,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     migrate_to(client, Some(layout)).await.map(|_| ())
 }
 
@@ -49,7 +59,7 @@ pub async fn migrate_with_layout(
 pub(crate) async fn migrate_to(
     client: &mut tokio_postgres::Client,
     wanted: Option<Layout>,
-) -> anyhow::Result<Layout> {
+) -> Result<Layout> {
     let tx = client
         .transaction()
         .await
@@ -80,11 +90,11 @@ pub(crate) async fn migrate_to(
     let existing = partitions::detect(&tx).await?;
     if let (Some(have), Some(want)) = (existing, wanted) {
         if have != want {
-            bail!(
+            return Err(Error::Layout(format!(
                 "idempotency_keys exists with the {have} layout; it is not converted in place \
                  (rows and keys stay as they are). To move to the {want} layout, see \
                  docs/writer.md, \"Changing the layout\""
-            );
+            )));
         }
     }
     for migration in MIGRATIONS {
@@ -121,9 +131,9 @@ pub(crate) async fn migrate_to(
         );
     }
     tx.commit().await.context("commit migrations")?;
-    let layout = partitions::detect(client)
-        .await?
-        .context("idempotency_keys is missing after the migrations")?;
+    let layout = partitions::detect(client).await?.ok_or_else(|| {
+        Error::Layout("idempotency_keys is missing after the migrations".to_string())
+    })?;
     if layout == Layout::Partitioned {
         partitions::ensure_ahead(client, DEFAULT_DAYS_AHEAD).await?;
     }

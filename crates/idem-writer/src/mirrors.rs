@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 use tracing::info;
 
 use crate::config::WriterConfig;
+use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::node::{poll_mirror_info, NodeLoop, Shutdown};
 use crate::redis_node::RedisNode;
@@ -62,7 +63,7 @@ impl Mirrors {
 
     /// Starts and retires mirrors so that exactly `targets` are mirrored;
     /// `true` when the set changed.
-    pub fn reconcile(&mut self, targets: Vec<Target>) -> anyhow::Result<bool> {
+    pub fn reconcile(&mut self, targets: Vec<Target>) -> Result<bool> {
         let retired: Vec<String> = self
             .running
             .keys()
@@ -82,7 +83,7 @@ impl Mirrors {
         Ok(changed)
     }
 
-    fn start(&mut self, target: &Target) -> anyhow::Result<()> {
+    fn start(&mut self, target: &Target) -> Result<()> {
         let shutdown = Shutdown {
             stop: self.shutdown.stop.child_token(),
             abort: self.shutdown.abort.child_token(),
@@ -153,7 +154,7 @@ impl Mirrors {
 
     /// Resolves when a task of a mirror that was not retired ends (a bug:
     /// they only end at shutdown); retired mirrors ending are collected.
-    pub async fn unexpected_end(&mut self) -> anyhow::Error {
+    pub async fn unexpected_end(&mut self) -> Error {
         loop {
             match self.tasks.join_next().await {
                 None => std::future::pending::<()>().await,
@@ -163,11 +164,13 @@ impl Mirrors {
                         .get(&label)
                         .is_some_and(|r| r.generation == generation);
                     if live && !self.shutdown.stop.is_cancelled() {
-                        return anyhow::anyhow!("the mirror of {label} ended unexpectedly");
+                        return Error::TaskEnded(format!(
+                            "the mirror of {label} ended unexpectedly"
+                        ));
                     }
                 }
                 Some(Err(join_error)) => {
-                    return anyhow::anyhow!("a mirror task failed: {join_error}");
+                    return Error::TaskEnded(format!("a mirror task failed: {join_error}"));
                 }
             }
         }

@@ -213,7 +213,7 @@ async fn commit(ctx: &Context, pool: &Pool, records: &[MirrorRecord]) -> Option<
                 ctx.metrics.postgres_up.store(false, Ordering::Relaxed);
                 warn!(
                     node = ctx.label,
-                    error = format!("{error:#}"),
+                    error = error.report(),
                     records = records.len(),
                     "Postgres failed; retrying the batch"
                 );

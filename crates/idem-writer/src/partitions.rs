@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use anyhow::{bail, Context};
+use crate::error::{Context, Error, Result};
 use tokio_postgres::{Client, GenericClient};
 
 /// How `idempotency_keys` is stored.
@@ -62,7 +62,7 @@ const NEVER_DAY: i64 = 2_932_896; // 9999-12-31
 const MS_PER_DAY: i64 = 86_400_000;
 
 /// The layout of `idempotency_keys`, `None` when the table does not exist.
-pub async fn detect<C: GenericClient>(client: &C) -> anyhow::Result<Option<Layout>> {
+pub async fn detect<C: GenericClient>(client: &C) -> Result<Option<Layout>> {
     let row = client
         .query_one(
             "SELECT (SELECT relkind::text FROM pg_class \
@@ -121,7 +121,7 @@ fn day_of_name(name: &str) -> Option<i64> {
 pub async fn ensure_days(
     client: &Client,
     days: impl IntoIterator<Item = i64>,
-) -> anyhow::Result<Vec<String>> {
+) -> Result<Vec<String>> {
     let wanted: BTreeSet<i64> = days.into_iter().map(|d| d.min(NEVER_DAY)).collect();
     let names: Vec<String> = wanted.iter().map(|d| partition_name(*d)).collect();
     let missing: Vec<String> = client
@@ -161,7 +161,7 @@ pub async fn ensure_days(
 /// (UTC, by Postgres' clock) and [`NEVER_PARTITION`] exist. Idempotent.
 /// (A row for an earlier day gets its partition from the writer on demand;
 /// cleanup drops it.)
-pub async fn ensure_ahead(client: &Client, days_ahead: u32) -> anyhow::Result<Vec<String>> {
+pub async fn ensure_ahead(client: &Client, days_ahead: u32) -> Result<Vec<String>> {
     let today = today(client).await?;
     let days = (today..=today + i64::from(days_ahead)).chain([NEVER_DAY]);
     ensure_days(client, days).await
@@ -171,7 +171,7 @@ pub async fn ensure_ahead(client: &Client, days_ahead: u32) -> anyhow::Result<Ve
 /// every daily partition whose whole range lies before now, so all its rows
 /// have expired; finishes a detach an earlier pass left pending. Returns the
 /// names dropped, oldest first.
-pub async fn drop_expired(client: &Client) -> anyhow::Result<Vec<String>> {
+pub async fn drop_expired(client: &Client) -> Result<Vec<String>> {
     let today = today(client).await?;
     let partitions = client
         .query(
@@ -212,7 +212,7 @@ pub async fn drop_expired(client: &Client) -> anyhow::Result<Vec<String>> {
 
 /// Today (days since 1970-01-01, UTC) by Postgres' clock, as cleanup and the
 /// fence measure expiry.
-async fn today(client: &Client) -> anyhow::Result<i64> {
+async fn today(client: &Client) -> Result<i64> {
     let row = client
         .query_one("SELECT floor(extract(epoch FROM now()) / 86400)::int8", &[])
         .await
@@ -221,17 +221,17 @@ async fn today(client: &Client) -> anyhow::Result<i64> {
 }
 
 /// Refuses to go on when `idempotency_keys` is not partitioned.
-pub async fn require_partitioned(client: &Client) -> anyhow::Result<()> {
+pub async fn require_partitioned(client: &Client) -> Result<()> {
     match detect(client).await? {
         Some(Layout::Partitioned) => Ok(()),
-        Some(Layout::Unpartitioned) => {
-            bail!(
-                "idempotency_keys is not partitioned (see docs/writer.md, \"Partitioned layout\")"
-            )
-        }
-        None => {
-            bail!("idempotency_keys does not exist: run idem-writer migrate --layout partitioned")
-        }
+        Some(Layout::Unpartitioned) => Err(Error::Layout(
+            "idempotency_keys is not partitioned (see docs/writer.md, \"Partitioned layout\")"
+                .to_string(),
+        )),
+        None => Err(Error::Layout(
+            "idempotency_keys does not exist: run idem-writer migrate --layout partitioned"
+                .to_string(),
+        )),
     }
 }
 

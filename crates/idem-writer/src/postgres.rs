@@ -5,11 +5,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use anyhow::Context;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
+use crate::error::{Cause, Context, Error, Result};
 use crate::partitions::{day_of_ms, ensure_days, Layout};
 use crate::record::MirrorRecord;
 use crate::store::{
@@ -20,9 +20,8 @@ use crate::store::{
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A pool for `database_url` holding up to `size` connections.
-pub fn pool(database_url: &str, size: usize) -> anyhow::Result<Pool> {
-    let mut config: tokio_postgres::Config =
-        database_url.parse().context("invalid database URL")?;
+pub fn pool(database_url: &str, size: usize) -> Result<Pool> {
+    let mut config = crate::writer::parse_database_url(database_url)?;
     config.connect_timeout(CONNECT_TIMEOUT);
     if config.get_application_name().is_none() {
         config.application_name("idem-writer");
@@ -40,7 +39,7 @@ pub fn pool(database_url: &str, size: usize) -> anyhow::Result<Pool> {
         .create_timeout(Some(CONNECT_TIMEOUT))
         .wait_timeout(Some(CONNECT_TIMEOUT))
         .build()
-        .context("build the Postgres pool")
+        .map_err(|e| Error::Config(format!("build the Postgres pool: {e}")))
 }
 
 /// A batch that is committed: what to acknowledge, and what Postgres refused.
@@ -62,7 +61,7 @@ pub async fn store_batch(
     records: &[MirrorRecord],
     timeout: Duration,
     layout: Layout,
-) -> anyhow::Result<Stored> {
+) -> Result<Stored> {
     let client = pool.get().await.context("get a Postgres connection")?;
     let result = match upsert_in_time(&client, records, timeout, layout).await {
         Ok(written) => Ok(Stored {
@@ -86,7 +85,7 @@ async fn store_row_by_row(
     records: &[MirrorRecord],
     timeout: Duration,
     layout: Layout,
-) -> anyhow::Result<Stored> {
+) -> Result<Stored> {
     let mut stored = Stored::default();
     let mut refused_keys = HashSet::new();
     for row in latest_per_key(records) {
@@ -106,7 +105,7 @@ async fn store_row_by_row(
 enum UpsertError {
     /// Postgres refused a row's data (data exception, constraint, limit).
     Row(String),
-    Other(anyhow::Error),
+    Other(Error),
 }
 
 async fn upsert_in_time(
@@ -143,19 +142,19 @@ async fn upsert_in_time(
             Err(UpsertError::Row(error.to_string()))
         }
         Ok(Err(AttemptError::Postgres(error))) => Err(UpsertError::Other(
-            anyhow::Error::new(error).context("upsert the batch"),
+            error.within("upsert the batch".to_string()),
         )),
         Ok(Ok(written)) => Ok(written),
-        Err(_) => Err(UpsertError::Other(anyhow::anyhow!(
+        Err(_) => Err(UpsertError::Other(Error::postgres_timeout(format!(
             "the upsert took longer than {timeout:?}"
-        ))),
+        )))),
     }
 }
 
 /// What failed in one attempt at a batch.
 enum AttemptError {
     /// Creating the batch's partitions (not a row's fault).
-    Partitions(anyhow::Error),
+    Partitions(Error),
     Postgres(tokio_postgres::Error),
 }
 

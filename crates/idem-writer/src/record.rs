@@ -17,28 +17,41 @@ pub const MAX_KEY_BYTES: usize = 2048;
 /// One completed record, ready for the upsert.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MirrorRecord {
+    /// The Redis key (a pulled key that is not UTF-8, or too long, is not
+    /// mirrored).
     pub key: String,
+    /// The fencing token the record was completed under; a row only moves
+    /// to a larger one.
     pub token: i64,
     /// Lowercase hex SHA-256 of the request fingerprint.
     pub fingerprint: String,
+    /// The HTTP status of the stored response.
     pub status: i32,
+    /// The stored response body.
     pub body: Vec<u8>,
     /// Flat `name, value, name, value, ...` as the module stores them.
     pub headers: Vec<Vec<u8>>,
+    /// When the key was first begun (Unix ms).
     pub created_at_ms: i64,
+    /// When the response was stored (Unix ms).
     pub completed_at_ms: i64,
+    /// When the Redis key expires (Unix ms); [`NEVER_EXPIRES_MS`] for a key
+    /// without TTL.
     pub expires_at_ms: i64,
 }
 
 impl MirrorRecord {
+    /// `created_at_ms` as a time.
     pub fn created_at(&self) -> SystemTime {
         unix_ms(self.created_at_ms)
     }
 
+    /// `completed_at_ms` as a time.
     pub fn completed_at(&self) -> SystemTime {
         unix_ms(self.completed_at_ms)
     }
 
+    /// `expires_at_ms` as a time.
     pub fn expires_at(&self) -> SystemTime {
         unix_ms(self.expires_at_ms)
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, Value};
 
+use crate::error::{Error, Result};
 use crate::target::Target;
 
 /// How long a connection attempt may take.
@@ -22,9 +23,9 @@ pub struct RedisNode {
 
 impl RedisNode {
     /// `block` is the longest BLOCK this connection will be asked to wait.
-    pub fn open(target: &Target, block: Duration) -> anyhow::Result<Self> {
+    pub fn open(target: &Target, block: Duration) -> Result<Self> {
         let client = Client::open(target.info.clone())
-            .map_err(|e| anyhow::anyhow!("invalid Redis address {}: {e}", target.label))?;
+            .map_err(|e| Error::Config(format!("invalid Redis address {}: {e}", target.label)))?;
         let label = target.label.clone();
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(CONNECT_TIMEOUT)

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::backoff::{sleep_unless, Backoff};
+use crate::error::{ensure_config, Context, Error, Result};
 use crate::target::{parse_url, query_once, role, with_address, Target, QUERY_TIMEOUT};
 
 pub struct SentinelDiscovery {
@@ -21,23 +22,19 @@ pub struct SentinelDiscovery {
 }
 
 impl SentinelDiscovery {
-    pub fn new(
-        sentinel_urls: &[String],
-        service_name: &str,
-        service_url: &str,
-    ) -> anyhow::Result<Self> {
-        anyhow::ensure!(
+    pub fn new(sentinel_urls: &[String], service_name: &str, service_url: &str) -> Result<Self> {
+        ensure_config(
             !sentinel_urls.is_empty(),
-            "at least one Sentinel URL is needed"
-        );
-        anyhow::ensure!(
+            "at least one Sentinel URL is needed",
+        )?;
+        ensure_config(
             !service_name.is_empty() && !service_name.contains(char::is_whitespace),
-            "the Sentinel service name must be one non-empty word"
-        );
+            "the Sentinel service name must be one non-empty word",
+        )?;
         let sentinels = sentinel_urls
             .iter()
             .map(|url| parse_url(url))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?;
         let template = parse_url(service_url)?;
         with_address(&template, "check", 1)?;
         Ok(SentinelDiscovery {
@@ -50,38 +47,47 @@ impl SentinelDiscovery {
     /// Asks the sentinels in turn for the primary's address, and takes the
     /// first answer whose server says it is a primary (`ROLE`); a server
     /// still a replica (the failover not finished) is not taken.
-    pub async fn primary(&self) -> anyhow::Result<Target> {
+    pub async fn primary(&self) -> Result<Target> {
         let mut failures = Vec::new();
         for sentinel in &self.sentinels {
             match self.ask(sentinel).await {
                 Ok(target) => return Ok(target),
-                Err(error) => failures.push(format!("{}: {error:#}", sentinel.addr)),
+                Err(error) => failures.push(format!("{}: {}", sentinel.addr, error.report())),
             }
         }
-        anyhow::bail!(
+        Err(Error::Topology(format!(
             "no Sentinel named a primary for {}: {}",
             self.service_name,
             failures.join("; ")
-        )
+        )))
     }
 
-    async fn ask(&self, sentinel: &ConnectionInfo) -> anyhow::Result<Target> {
+    async fn ask(&self, sentinel: &ConnectionInfo) -> Result<Target> {
         let mut cmd = redis::cmd("SENTINEL");
         cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.service_name);
-        let (host, port) = match query_once(sentinel, &cmd).await? {
+        let unexpected =
+            |reply: &dyn std::fmt::Debug| Error::Topology(format!("unexpected reply {reply:?}"));
+        let (host, port) = match query_once(sentinel, &cmd)
+            .await
+            .context("SENTINEL GET-MASTER-ADDR-BY-NAME")?
+        {
             Value::Array(items) => match items.as_slice() {
-                [host, port] => (text(host)?, text(port)?.parse::<u16>()?),
-                _ => anyhow::bail!("unexpected reply {items:?}"),
+                [host, port] => {
+                    let port = text(port)?.parse::<u16>();
+                    (text(host)?, port.map_err(|_| unexpected(&items))?)
+                }
+                _ => return Err(unexpected(&items)),
             },
-            Value::Nil => anyhow::bail!("unknown service"),
-            other => anyhow::bail!("unexpected reply {other:?}"),
+            Value::Nil => return Err(Error::Topology("unknown service".to_string())),
+            other => return Err(unexpected(&other)),
         };
         let info = with_address(&self.template, &host, port)?;
         let role = role(&info).await?;
-        anyhow::ensure!(
-            role == "master",
-            "{host}:{port} is a {role}, not a primary (yet)"
-        );
+        if role != "master" {
+            return Err(Error::Topology(format!(
+                "{host}:{port} is a {role}, not a primary (yet)"
+            )));
+        }
         Ok(Target::new(info))
     }
 
@@ -120,10 +126,16 @@ async fn follow_switches(
     sentinel: &ConnectionInfo,
     service_name: &str,
     changed: &Notify,
-) -> anyhow::Result<()> {
-    let client = Client::open(sentinel.clone())?;
-    let mut pubsub = tokio::time::timeout(QUERY_TIMEOUT, client.get_async_pubsub()).await??;
-    tokio::time::timeout(QUERY_TIMEOUT, pubsub.subscribe("+switch-master")).await??;
+) -> Result<()> {
+    let client = Client::open(sentinel.clone()).context("open the Sentinel client")?;
+    let mut pubsub = tokio::time::timeout(QUERY_TIMEOUT, client.get_async_pubsub())
+        .await
+        .map_err(|_| Error::redis_timeout("connect to Sentinel"))?
+        .context("connect to Sentinel")?;
+    tokio::time::timeout(QUERY_TIMEOUT, pubsub.subscribe("+switch-master"))
+        .await
+        .map_err(|_| Error::redis_timeout("subscribe to +switch-master"))?
+        .context("subscribe to +switch-master")?;
     changed.notify_one();
     let mut messages = pubsub.on_message();
     while let Some(message) = messages.next().await {
@@ -137,11 +149,11 @@ async fn follow_switches(
     Ok(())
 }
 
-fn text(value: &Value) -> anyhow::Result<String> {
+fn text(value: &Value) -> Result<String> {
     match value {
         Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
         Value::SimpleString(s) => Ok(s.clone()),
-        other => anyhow::bail!("expected a string, got {other:?}"),
+        other => Err(Error::Topology(format!("expected a string, got {other:?}"))),
     }
 }
 

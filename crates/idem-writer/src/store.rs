@@ -116,7 +116,9 @@ pub enum Statements<'s> {
     Unpartitioned(&'s Statement),
     /// [`LOCK_KEYS_SQL`] and [`PARTITIONED_UPSERT_SQL`] prepared.
     Partitioned {
+        /// [`LOCK_KEYS_SQL`] prepared.
         lock: &'s Statement,
+        /// [`PARTITIONED_UPSERT_SQL`] prepared.
         upsert: &'s Statement,
     },
 }

@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult,
     Value,
 };
+
+use crate::error::{Context, Error, Result};
 
 /// How long one discovery query (connect, then reply) may take per server.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -30,17 +31,13 @@ impl Target {
 }
 
 /// A Redis URL's connection settings.
-pub fn parse_url(url: &str) -> anyhow::Result<ConnectionInfo> {
+pub fn parse_url(url: &str) -> Result<ConnectionInfo> {
     url.into_connection_info()
-        .map_err(|e| anyhow::anyhow!("invalid Redis URL: {e}"))
+        .map_err(|e| Error::Config(format!("invalid Redis URL: {e}")))
 }
 
 /// `template` (scheme, TLS settings, credentials, database) at `host:port`.
-pub fn with_address(
-    template: &ConnectionInfo,
-    host: &str,
-    port: u16,
-) -> anyhow::Result<ConnectionInfo> {
+pub fn with_address(template: &ConnectionInfo, host: &str, port: u16) -> Result<ConnectionInfo> {
     let addr = match &template.addr {
         ConnectionAddr::Tcp(_, _) => ConnectionAddr::Tcp(host.to_string(), port),
         ConnectionAddr::TcpTls {
@@ -54,7 +51,9 @@ pub fn with_address(
             tls_params: tls_params.clone(),
         },
         ConnectionAddr::Unix(_) => {
-            anyhow::bail!("a unix socket URL cannot name other nodes; use redis:// or rediss://")
+            return Err(Error::Config(
+                "a unix socket URL cannot name other nodes; use redis:// or rediss://".to_string(),
+            ))
         }
     };
     Ok(ConnectionInfo {
@@ -85,7 +84,7 @@ pub async fn query_once(info: &ConnectionInfo, cmd: &redis::Cmd) -> RedisResult<
 }
 
 /// `ROLE`'s first field: `master`, `slave` or `sentinel`.
-pub async fn role(info: &ConnectionInfo) -> anyhow::Result<String> {
+pub async fn role(info: &ConnectionInfo) -> Result<String> {
     let reply = query_once(info, &redis::cmd("ROLE"))
         .await
         .context("ROLE")?;
@@ -93,9 +92,9 @@ pub async fn role(info: &ConnectionInfo) -> anyhow::Result<String> {
         Value::Array(items) => match items.first() {
             Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
             Some(Value::SimpleString(s)) => Ok(s.clone()),
-            other => anyhow::bail!("unexpected ROLE reply {other:?}"),
+            other => Err(Error::Topology(format!("unexpected ROLE reply {other:?}"))),
         },
-        other => anyhow::bail!("unexpected ROLE reply {other:?}"),
+        other => Err(Error::Topology(format!("unexpected ROLE reply {other:?}"))),
     }
 }
 

@@ -2,6 +2,7 @@
 //! discovery, or the primary Sentinel names; and how one discovery is made.
 
 use crate::cluster::ClusterDiscovery;
+use crate::error::{ensure_config, Result};
 use crate::sentinel::SentinelDiscovery;
 use crate::target::{parse_url, Target};
 
@@ -16,7 +17,9 @@ pub enum Topology {
     /// The primary Sentinel names for `service_name`, followed through
     /// failovers (`--sentinel`, `--service-name`).
     Sentinel {
+        /// Sentinel URLs, asked in turn.
         sentinels: Vec<String>,
+        /// The service (primary) name Sentinel monitors.
         service_name: String,
         /// Scheme, credentials and database for the primary; its host and
         /// port are replaced by the address Sentinel names.
@@ -45,14 +48,14 @@ pub enum Discovery {
 
 impl Discovery {
     /// Checks every URL now, so a bad one fails the start.
-    pub fn new(topology: &Topology) -> anyhow::Result<Self> {
+    pub fn new(topology: &Topology) -> Result<Self> {
         Ok(match topology {
             Topology::Static(urls) => {
-                anyhow::ensure!(!urls.is_empty(), "at least one Redis URL is needed");
+                ensure_config(!urls.is_empty(), "at least one Redis URL is needed")?;
                 let targets = urls
                     .iter()
                     .map(|url| parse_url(url).map(Target::new))
-                    .collect::<anyhow::Result<Vec<_>>>()?;
+                    .collect::<Result<Vec<_>>>()?;
                 Discovery::Static(targets)
             }
             Topology::Cluster(seeds) => Discovery::Cluster(ClusterDiscovery::new(seeds)?),
@@ -75,7 +78,7 @@ impl Discovery {
     }
 
     /// The primaries now. An error leaves the caller's current set in place.
-    pub async fn primaries(&mut self) -> anyhow::Result<Vec<Target>> {
+    pub async fn primaries(&mut self) -> Result<Vec<Target>> {
         match self {
             Discovery::Static(targets) => Ok(targets.clone()),
             Discovery::Cluster(cluster) => cluster.primaries().await,

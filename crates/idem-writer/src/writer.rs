@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use deadpool_postgres::Pool;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -18,6 +17,7 @@ use crate::backoff::sleep_unless;
 use crate::backoff::Backoff;
 use crate::cleanup::{clean, Cleaned};
 use crate::config::WriterConfig;
+use crate::error::{Context, Error, Result};
 use crate::metrics::{ErrorKind, Metrics};
 use crate::migrate::migrate_to;
 use crate::mirrors::Mirrors;
@@ -35,10 +35,7 @@ const REDISCOVERY_GAP: Duration = Duration::from_millis(200);
 /// Mirrors every Redis primary into Postgres until `shutdown` completes,
 /// then finishes (commits and acknowledges) the batches in hand and returns
 /// `Ok`. Applies the migrations first, waiting for Postgres.
-pub async fn run(
-    config: WriterConfig,
-    shutdown: impl Future<Output = ()> + Send,
-) -> anyhow::Result<()> {
+pub async fn run(config: WriterConfig, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
     config.validate()?;
     let mut discovery = Discovery::new(&config.topology)?;
     let config = Arc::new(config);
@@ -137,7 +134,7 @@ async fn follow_topology(
     suspect_topology: &Notify,
     tasks: &mut JoinSet<()>,
     shutdown: &mut (impl Future<Output = ()> + Unpin),
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let follows = discovery.follows();
     let mut retry = Backoff::new(config.retry_initial, config.topology_interval);
     loop {
@@ -155,10 +152,7 @@ async fn follow_topology(
             }
             Err(error) => {
                 metrics.error(ErrorKind::Topology);
-                warn!(
-                    error = format!("{error:#}"),
-                    "discovering the primaries failed"
-                );
+                warn!(error = error.report(), "discovering the primaries failed");
                 Some(retry.next_delay())
             }
         };
@@ -176,7 +170,7 @@ async fn follow_topology(
             () = &mut *shutdown => break,
             error = mirrors.unexpected_end() => return Err(error),
             Some(ended) = tasks.join_next() => {
-                return Err(anyhow::anyhow!("a writer task ended unexpectedly: {ended:?}"));
+                return Err(Error::TaskEnded(format!("a writer task ended unexpectedly: {ended:?}")));
             }
         }
     }
@@ -186,10 +180,7 @@ async fn follow_topology(
 
 /// Applies the migrations, waiting (with backoff) while Postgres cannot be
 /// reached; a migration that Postgres rejects is an error.
-async fn migrate_when_reachable(
-    config: &WriterConfig,
-    metrics: &Metrics,
-) -> anyhow::Result<Layout> {
+async fn migrate_when_reachable(config: &WriterConfig, metrics: &Metrics) -> Result<Layout> {
     let mut backoff = Backoff::new(config.retry_initial, config.retry_max);
     loop {
         let attempt = async {
@@ -204,7 +195,7 @@ async fn migrate_when_reachable(
             Err(error) if is_unreachable(&error) => {
                 metrics.error(ErrorKind::Postgres);
                 warn!(
-                    error = format!("{error:#}"),
+                    error = error.report(),
                     "Postgres unreachable; retrying the migrations"
                 );
                 tokio::time::sleep(backoff.next_delay()).await;
@@ -215,9 +206,8 @@ async fn migrate_when_reachable(
 }
 
 /// Connects a single client (its connection driven on a task).
-pub async fn connect(database_url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let mut config: tokio_postgres::Config =
-        database_url.parse().context("invalid database URL")?;
+pub async fn connect(database_url: &str) -> Result<tokio_postgres::Client> {
+    let mut config = parse_database_url(database_url)?;
     config.connect_timeout(CONNECT_TIMEOUT);
     let (client, connection) = config
         .connect(tokio_postgres::NoTls)
@@ -233,17 +223,23 @@ pub async fn connect(database_url: &str) -> anyhow::Result<tokio_postgres::Clien
 
 /// Connection-level failures (no server, connection lost, server starting
 /// or shutting down), as opposed to SQL that Postgres rejects.
-fn is_unreachable(error: &anyhow::Error) -> bool {
-    match error
-        .chain()
-        .find_map(|e| e.downcast_ref::<tokio_postgres::Error>())
-    {
-        Some(pg) => match pg.code() {
+fn is_unreachable(error: &Error) -> bool {
+    match error {
+        Error::Postgres {
+            source: Some(pg), ..
+        } => match pg.code() {
             None => true,
             Some(code) => code.code().starts_with("08") || code.code().starts_with("57P"),
         },
-        None => false,
+        _ => false,
     }
+}
+
+/// A `postgres://` URL (or key=value string) as connection settings.
+pub(crate) fn parse_database_url(database_url: &str) -> Result<tokio_postgres::Config> {
+    database_url
+        .parse()
+        .map_err(|e| Error::Config(format!("invalid database URL: {e}")))
 }
 
 /// Deletes expired rows now and then every `interval` until `stop`.
@@ -274,7 +270,7 @@ async fn cleanup_schedule(
                 }
                 Err(error) => {
                     metrics.error(ErrorKind::Cleanup);
-                    warn!(error = format!("{error:#}"), "cleanup failed");
+                    warn!(error = error.report(), "cleanup failed");
                     interval.min(CLEANUP_RETRY)
                 }
             },
@@ -289,11 +285,7 @@ async fn cleanup_schedule(
 /// One cleanup pass against `database_url` (for `idem-writer cleanup
 /// --once`): expired rows deleted, or on the partitioned layout expired
 /// partitions dropped and `days_ahead` days of partitions created.
-pub async fn cleanup_once(
-    database_url: &str,
-    batch_size: u32,
-    days_ahead: u32,
-) -> anyhow::Result<Cleaned> {
+pub async fn cleanup_once(database_url: &str, batch_size: u32, days_ahead: u32) -> Result<Cleaned> {
     let client = connect(database_url).await?;
     clean(&client, batch_size, days_ahead).await
 }

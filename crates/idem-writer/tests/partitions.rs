@@ -9,8 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use common::*;
 use idem_testkit::PgDatabase;
 use idem_writer::partitions::{day_of_ms, ensure_days, partition_name, NEVER_PARTITION};
-use idem_writer::record::NEVER_EXPIRES_MS;
-use idem_writer::{Layout, MirrorRecord};
+use idem_writer::{Layout, MirrorRecord, NEVER_EXPIRES_MS};
 
 const DAY_MS: i64 = 86_400_000;
 

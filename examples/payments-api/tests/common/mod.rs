@@ -34,7 +34,7 @@ pub struct TestApp {
     pub redis: RedisServer,
     pub db: PgDatabase,
     server: Option<(oneshot::Sender<()>, JoinHandle<anyhow::Result<()>>)>,
-    writer: Option<(oneshot::Sender<()>, JoinHandle<anyhow::Result<()>>)>,
+    writer: Option<(oneshot::Sender<()>, JoinHandle<idem_writer::Result<()>>)>,
 }
 
 #[derive(Debug, Clone)]
