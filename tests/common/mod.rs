@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_testkit::{eventually, RedisServer};
+use idem_core::record::TOKEN_LIMIT;
+use idem_core::wire::{BeginReply, Frame, PulledRecord};
+use idem_core::{Record, State};
+use idem_testkit::{eventually, wire, RedisServer};
 use redis::{Connection, Value};
 use sha2::{Digest, Sha256};
 
@@ -48,17 +51,6 @@ pub fn int(v: &Value) -> i64 {
     }
 }
 
-/// A non-negative number sent either as an integer or as a decimal string
-/// (field/value arrays).
-pub fn num(v: &Value) -> u64 {
-    match v {
-        Value::Int(i) => u64::try_from(*i).expect("non-negative"),
-        other => text(other)
-            .parse()
-            .unwrap_or_else(|_| panic!("expected a number, got {other:?}")),
-    }
-}
-
 pub fn array(v: &Value) -> &[Value] {
     match v {
         Value::Array(a) => a,
@@ -93,31 +85,23 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// Strict parse of a BEGIN reply: exact arity and types per outcome.
+    /// Strict parse of a BEGIN reply (`idem_core::wire`: exact arity and
+    /// types per outcome), tokens below 2^53.
     pub fn parse(v: &Value) -> Outcome {
-        let a = array(v);
-        assert!(!a.is_empty(), "empty BEGIN reply");
-        match (text(&a[0]).as_str(), a.len()) {
-            ("new", 2) => {
-                let token = int(&a[1]);
-                assert!(
-                    token > 0 && token < (1 << 53),
-                    "token out of range: {token}"
-                );
-                Outcome::New(token as u64)
+        let reply = BeginReply::parse(&Frame::from(v))
+            .unwrap_or_else(|e| panic!("unexpected BEGIN reply {v:?}: {e}"));
+        match reply {
+            BeginReply::New { token } => {
+                assert!(token < TOKEN_LIMIT, "token out of range: {token}");
+                Outcome::New(token)
             }
-            ("in_flight", 2) => {
-                let ms = int(&a[1]);
-                assert!(ms > 0, "retry hint must be positive: {ms}");
-                Outcome::InFlight(ms as u64)
-            }
-            ("replay", 4) => Outcome::Replay {
-                status: int(&a[1]) as u64,
-                body: bytes(&a[2]),
-                headers: byte_list(&a[3]),
+            BeginReply::InFlight { retry_after_ms } => Outcome::InFlight(retry_after_ms),
+            BeginReply::Replay(r) => Outcome::Replay {
+                status: u64::from(r.status),
+                body: r.body,
+                headers: wire::flat_headers(&r.headers),
             },
-            ("mismatch", 1) => Outcome::Mismatch,
-            _ => panic!("unexpected BEGIN reply {v:?}"),
+            BeginReply::Mismatch => Outcome::Mismatch,
         }
     }
 
@@ -241,17 +225,11 @@ pub fn ack(con: &mut Connection, key: &str, token: u64) -> i64 {
 }
 
 /// `expires_at` of a record whose key has no TTL (the wire says -1).
-pub const NO_TTL: u64 = u64::MAX;
+pub const NO_TTL: u64 = idem_core::record::NO_EXPIRY;
 
-fn expiry(v: &Value) -> u64 {
-    match int(v) {
-        -1 => NO_TTL,
-        at => u64::try_from(at).expect("expires_at is -1 or a time"),
-    }
-}
-
-/// An IDEM.GET reply, parsed strictly: the documented fields in the
-/// documented order, and no others.
+/// An IDEM.GET reply, parsed strictly by `idem_core::wire` (the documented
+/// fields in the documented order, and no others), flattened for
+/// assertions: `None` for the fields the record's state lacks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rec {
     pub state: String,
@@ -267,60 +245,31 @@ pub struct Rec {
     pub mirror: Option<String>,
 }
 
-const IN_PROGRESS_FIELDS: [&str; 6] = [
-    "state",
-    "fingerprint",
-    "token",
-    "created_at",
-    "expires_at",
-    "lease_until",
-];
-const COMPLETED_FIELDS: [&str; 10] = [
-    "state",
-    "fingerprint",
-    "token",
-    "created_at",
-    "expires_at",
-    "status",
-    "body",
-    "headers",
-    "completed_at",
-    "mirror",
-];
+impl From<Record> for Rec {
+    fn from(r: Record) -> Rec {
+        let (lease_until, completed) = match &r.state {
+            State::InProgress { lease_until } => (Some(*lease_until), None),
+            State::Completed(c) => (None, Some(c)),
+        };
+        Rec {
+            state: wire::state_word(&r).to_string(),
+            fingerprint: hex::encode(r.fingerprint),
+            token: r.token,
+            created_at: r.created_at,
+            expires_at: r.expires_at,
+            lease_until,
+            status: completed.map(|c| u64::from(c.status)),
+            body: completed.map(|c| c.body.clone()),
+            headers: completed.map(|c| wire::flat_headers(&c.headers)),
+            completed_at: completed.map(|c| c.completed_at),
+            mirror: wire::mirror_word(&r).map(str::to_string),
+        }
+    }
+}
 
 impl Rec {
     pub fn parse(v: &Value) -> Option<Rec> {
-        if *v == Value::Nil {
-            return None;
-        }
-        let a = array(v);
-        assert_eq!(a.len() % 2, 0, "odd field/value array: {v:?}");
-        let names: Vec<String> = a.iter().step_by(2).map(text).collect();
-        let m: HashMap<&str, &Value> = names
-            .iter()
-            .map(String::as_str)
-            .zip(a.iter().skip(1).step_by(2))
-            .collect();
-        let state = text(m["state"]);
-        match state.as_str() {
-            "in_progress" => assert_eq!(names, IN_PROGRESS_FIELDS, "GET fields"),
-            "completed" => assert_eq!(names, COMPLETED_FIELDS, "GET fields"),
-            other => panic!("unknown state {other}"),
-        }
-        let opt_num = |k: &str| m.get(k).map(|v| num(v));
-        Some(Rec {
-            state,
-            fingerprint: text(m["fingerprint"]),
-            token: num(m["token"]),
-            created_at: num(m["created_at"]),
-            expires_at: expiry(m["expires_at"]),
-            lease_until: opt_num("lease_until"),
-            status: opt_num("status"),
-            body: m.get("body").map(|v| bytes(v)),
-            headers: m.get("headers").map(|v| byte_list(v)),
-            completed_at: opt_num("completed_at"),
-            mirror: m.get("mirror").map(|v| text(v)),
-        })
+        wire::parse_get(v).map(Rec::from)
     }
 
     pub fn is_completed(&self) -> bool {
@@ -376,7 +325,8 @@ pub fn idem_counter(con: &mut Connection, name: &str) -> i64 {
         .unwrap_or_else(|| panic!("INFO idem lacks {name}"))
 }
 
-/// One entry of an IDEM.MIRROR.PULL reply.
+/// One entry of an IDEM.MIRROR.PULL reply (parsed by `idem_core::wire`),
+/// flattened for assertions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pulled {
     pub key: Vec<u8>,
@@ -390,25 +340,25 @@ pub struct Pulled {
     pub expires_at: u64,
 }
 
+impl From<PulledRecord> for Pulled {
+    fn from(p: PulledRecord) -> Pulled {
+        let c = p.completed();
+        Pulled {
+            token: p.record.token,
+            fingerprint: hex::encode(p.record.fingerprint),
+            status: u64::from(c.status),
+            body: c.body.clone(),
+            headers: wire::flat_headers(&c.headers),
+            created_at: p.record.created_at,
+            completed_at: c.completed_at,
+            expires_at: p.record.expires_at,
+            key: p.key,
+        }
+    }
+}
+
 pub fn parse_pull(v: &Value) -> Vec<Pulled> {
-    array(v)
-        .iter()
-        .map(|e| {
-            let a = array(e);
-            assert_eq!(a.len(), 9, "PULL entry shape: {e:?}");
-            Pulled {
-                key: bytes(&a[0]),
-                token: int(&a[1]) as u64,
-                fingerprint: text(&a[2]),
-                status: int(&a[3]) as u64,
-                body: bytes(&a[4]),
-                headers: byte_list(&a[5]),
-                created_at: int(&a[6]) as u64,
-                completed_at: int(&a[7]) as u64,
-                expires_at: expiry(&a[8]),
-            }
-        })
-        .collect()
+    wire::parse_pull(v).into_iter().map(Pulled::from).collect()
 }
 
 /// IDEM.MIRROR.PULL with optional CLAIM / BLOCK.

@@ -193,9 +193,9 @@ fn ttl_seconds(ttl: Duration) -> u64 {
     secs.max(1)
 }
 
-/// Whole milliseconds, at least 1.
+/// Whole milliseconds (rounded up), at least 1.
 fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    idem_core::args::duration_ms(d).max(1)
 }
 
 #[cfg(test)]

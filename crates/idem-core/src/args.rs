@@ -60,6 +60,14 @@ const MAX_MS: u64 = 366 * 24 * 3600 * 1000;
 /// Most records one `IDEM.MIRROR.PULL` hands out.
 pub const MAX_PULL: usize = 10_000;
 
+/// A duration as the millisecond argument of a command (`LEASE`, `WAIT`,
+/// `CLAIM`, `BLOCK`, `IDEM.TOUCH`): whole milliseconds rounded up, so a
+/// positive duration never becomes 0; saturating.
+pub fn duration_ms(d: std::time::Duration) -> u64 {
+    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
 fn arity(args: &[&[u8]], min: usize, usage: &str) -> Result<(), Error> {
     if args.len() < min {
         Err(Error::bad_arg(format!(
@@ -264,6 +272,16 @@ mod tests {
 
     fn a(s: &str) -> Vec<&[u8]> {
         s.split(' ').map(str::as_bytes).collect()
+    }
+
+    #[test]
+    fn durations_round_up_to_whole_milliseconds() {
+        use std::time::Duration;
+        assert_eq!(duration_ms(Duration::ZERO), 0);
+        assert_eq!(duration_ms(Duration::from_micros(1)), 1);
+        assert_eq!(duration_ms(Duration::from_micros(1500)), 2);
+        assert_eq!(duration_ms(Duration::from_millis(30_000)), 30_000);
+        assert_eq!(duration_ms(Duration::MAX), u64::MAX);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! (`cluster`). Never touches port 6379.
 
 pub mod cluster;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod info;
 pub mod postgres_server;
 pub mod wire;

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use idem_core::args::duration_ms;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, Value};
 
@@ -80,9 +81,9 @@ impl RedisNode {
         let mut cmd = redis::cmd("IDEM.MIRROR.PULL");
         cmd.arg(count)
             .arg("CLAIM")
-            .arg(millis(claim))
+            .arg(duration_ms(claim))
             .arg("BLOCK")
-            .arg(millis(block));
+            .arg(duration_ms(block));
         let result = match self.connection().await {
             Ok(conn) => cmd.query_async(conn).await,
             Err(e) => Err(e),
@@ -178,10 +179,6 @@ pub struct Acked {
     pub moved: usize,
     /// The node is a replica now; the rest of the batch was not sent.
     pub demoted: bool,
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// An integer field `name:value` of an INFO section.

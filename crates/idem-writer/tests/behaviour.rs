@@ -155,7 +155,7 @@ async fn keys_postgres_cannot_hold_stay_pending_and_are_counted(layout: Layout) 
     assert!(counted, "{}", writer.log_tail());
     assert_mirrored_exactly(&pg, &mut conn, &good).await;
     let bad = get_record(&mut conn, bad_key).expect("still in Redis");
-    assert_eq!(field_text(&bad, "mirror"), "pending");
+    assert_eq!(mirror_state(&bad), "pending");
     assert_eq!(info_field(&mut conn, "idem_mirror_pending"), 1);
 }
 
@@ -219,7 +219,7 @@ async fn sigterm_commits_and_acknowledges_the_batch_in_hand_then_exits_zero() {
         &expected.iter().map(|c| c.key.clone()).collect::<Vec<_>>(),
     );
     for want in &expected {
-        let state = field_text(&in_redis[&want.key], "mirror");
+        let state = mirror_state(&in_redis[&want.key]);
         assert_eq!(
             in_pg.contains_key(&want.key),
             state == "mirrored",

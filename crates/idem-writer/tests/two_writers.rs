@@ -36,12 +36,7 @@ async fn two_writers_share_one_redis_without_loss(layout: Layout) {
     }
 
     let pg = connect_pg(&db.url).await;
-    let drained = wait_until(Duration::from_secs(60), || {
-        let pending = info_field(&mut conn, "idem_mirror_pending");
-        let pg = &pg;
-        async move { pending == 0 && row_count(pg).await == TOTAL as i64 }
-    })
-    .await;
+    let drained = wait_drained(&mut conn, &pg, TOTAL as i64, Duration::from_secs(60)).await;
     assert!(
         drained,
         "not drained:\n{}\n{}",

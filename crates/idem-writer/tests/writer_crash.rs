@@ -43,12 +43,7 @@ async fn every_completion_is_mirrored_across_writer_crashes() {
     assert_eq!(expected.len(), TOTAL);
 
     let mut conn = redis.conn();
-    let drained = wait_until(Duration::from_secs(120), || {
-        let pending = info_field(&mut conn, "idem_mirror_pending");
-        let pg = &pg;
-        async move { pending == 0 && row_count(pg).await == TOTAL as i64 }
-    })
-    .await;
+    let drained = wait_drained(&mut conn, &pg, TOTAL as i64, Duration::from_secs(120)).await;
     assert!(drained, "mirror did not drain:\n{}", writer.log_tail());
 
     assert_mirrored_exactly(&pg, &mut conn, &expected).await;

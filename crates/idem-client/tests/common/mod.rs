@@ -7,39 +7,21 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::Router;
-use redis::Value;
 use tokio::sync::oneshot;
 
-/// `IDEM.GET key` as a field map (`None` when there is no record).
+/// `IDEM.GET key` (parsed by `idem_core::wire`) as its fields by name,
+/// strings and integers as text (`None` when there is no record).
 pub async fn idem_get(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
-) -> Option<HashMap<String, Value>> {
-    let reply: Value = redis::cmd("IDEM.GET")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("IDEM.GET");
-    let items = match reply {
-        Value::Nil => return None,
-        Value::Array(items) => items,
-        other => panic!("IDEM.GET answered {other:?}"),
-    };
-    let mut fields = HashMap::new();
-    let mut items = items.into_iter();
-    while let (Some(name), Some(value)) = (items.next(), items.next()) {
-        fields.insert(text(&name), value);
-    }
-    Some(fields)
+) -> Option<HashMap<String, String>> {
+    let record = idem_testkit::wire::idem_get_async(conn, key).await?;
+    Some(idem_testkit::wire::get_fields(&record))
 }
 
-pub fn text(value: &Value) -> String {
-    match value {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
-        other => format!("{other:?}"),
-    }
+/// A field of [`idem_get`].
+pub fn text(field: &str) -> String {
+    field.to_string()
 }
 
 pub async fn state_of(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
@@ -82,22 +64,7 @@ impl Drop for Server {
     }
 }
 
-#[derive(Debug)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: reqwest::header::HeaderMap,
-    pub body: bytes::Bytes,
-}
-
-impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    pub fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
-}
+pub use idem_testkit::http::Reply;
 
 pub async fn post(base: &str, path: &str, key: Option<&str>, body: &str) -> Reply {
     send(
@@ -115,12 +82,7 @@ pub async fn send(request: reqwest::RequestBuilder, key: Option<&str>, body: &st
     if let Some(key) = key {
         request = request.header("idempotency-key", key);
     }
-    let response = request.send().await.expect("HTTP request");
-    Reply {
-        status: response.status().as_u16(),
-        headers: response.headers().clone(),
-        body: response.bytes().await.expect("body"),
-    }
+    idem_testkit::http::send(request).await
 }
 
 pub const LONG: Duration = Duration::from_secs(60);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use idem_testkit::eventually;
 
 use super::{
-    assert_no_regressions, connect_pg, field_int, field_text, install_regression_trap, metric,
+    assert_no_regressions, connect_pg, install_regression_trap, metric, mirror_state,
     redis_records, row_count, rows, try_complete_keys, wait_until, Completion, WriterProcess,
 };
 
@@ -148,11 +148,10 @@ pub async fn check(
         let in_redis = redis_records(&mut conn, &keys);
         for d in mine {
             let want = &d.completion;
-            let survived = in_redis.get(&want.key).is_some_and(|f| {
-                field_text(f, "state") == "completed"
-                    && field_int(f, "token") == want.token
-                    && field_int(f, "status") == i64::from(want.status)
-                    && matches!(f.get("body"), Some(redis::Value::BulkString(b)) if *b == want.body)
+            let survived = in_redis.get(&want.key).is_some_and(|r| {
+                r.token as i64 == want.token
+                    && r.completed()
+                        .is_some_and(|c| i32::from(c.status) == want.status && c.body == want.body)
             });
             if let Some(row) = rows.get(&want.key) {
                 assert_eq!(row.token, want.token, "{} token", want.key);
@@ -188,7 +187,7 @@ pub async fn check(
                 outcome.unmirrored += 1;
                 *outcome.unmirrored_by_port.entry(d.port).or_default() += 1;
             }
-            if field_text(&in_redis[&want.key], "mirror") != "mirrored" {
+            if mirror_state(&in_redis[&want.key]) != "mirrored" {
                 outcome.unacknowledged += 1;
             }
         }

@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use idem_core::wire::{BeginReply, Frame};
+use idem_core::Record;
 use rand::Rng;
 use redis::Value;
 use sha2::{Digest, Sha256};
@@ -124,13 +126,10 @@ pub fn try_complete_keys(
     Ok((done, acked))
 }
 
+/// The token of a `["new", token]` BEGIN reply (`idem_core::wire`).
 fn new_token(reply: &Value) -> Option<i64> {
-    match reply {
-        Value::Array(items) => match items.as_slice() {
-            [Value::BulkString(word), Value::Int(token)] if word == b"new" => Some(*token),
-            [Value::SimpleString(word), Value::Int(token)] if word == "new" => Some(*token),
-            _ => None,
-        },
+    match BeginReply::parse(&Frame::from(reply)) {
+        Ok(BeginReply::New { token }) => i64::try_from(token).ok(),
         _ => None,
     }
 }
@@ -146,53 +145,21 @@ pub fn info_field(conn: &mut redis::Connection, name: &str) -> i64 {
         .unwrap_or_else(|| panic!("INFO idem has no {name}:\n{text}"))
 }
 
-/// The `IDEM.GET` fields of a record (nil → `None`).
-pub fn get_record(conn: &mut redis::Connection, key: &[u8]) -> Option<HashMap<String, Value>> {
-    let reply: Value = redis::cmd("IDEM.GET")
-        .arg(key)
-        .query(conn)
-        .expect("IDEM.GET");
-    record_fields(reply)
+use idem_testkit::wire::mirror_word;
+
+/// `IDEM.GET key`, parsed (`None`: no record).
+pub fn get_record(conn: &mut redis::Connection, key: &[u8]) -> Option<Record> {
+    idem_testkit::wire::idem_get(conn, key)
 }
 
-fn record_fields(reply: Value) -> Option<HashMap<String, Value>> {
-    let Value::Array(items) = reply else {
-        return None;
-    };
-    let mut fields = HashMap::new();
-    let mut it = items.into_iter();
-    while let (Some(name), Some(value)) = (it.next(), it.next()) {
-        let name = match name {
-            Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-            Value::SimpleString(s) => s,
-            other => panic!("field name {other:?}"),
-        };
-        fields.insert(name, value);
-    }
-    Some(fields)
+/// The mirror state word (`pending` | `mirrored`) of a completed record.
+pub fn mirror_state(record: &Record) -> &'static str {
+    mirror_word(record).expect("a completed record")
 }
 
-pub fn field_text(fields: &HashMap<String, Value>, name: &str) -> String {
-    match fields.get(name) {
-        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        Some(Value::SimpleString(s)) => s.clone(),
-        Some(Value::Int(i)) => i.to_string(),
-        other => panic!("field {name}: {other:?}"),
-    }
-}
-
-pub fn field_int(fields: &HashMap<String, Value>, name: &str) -> i64 {
-    field_text(fields, name)
-        .parse()
-        .unwrap_or_else(|_| panic!("field {name} is not an integer"))
-}
-
-/// `created_at`, `completed_at`, `expires_at` (ms) and the mirror state of
-/// each key as Redis has them, read through pipelined `IDEM.GET`s.
-pub fn redis_records(
-    conn: &mut redis::Connection,
-    keys: &[String],
-) -> HashMap<String, HashMap<String, Value>> {
+/// Each key's record as Redis has it, read through pipelined `IDEM.GET`s
+/// (keys without a record left out).
+pub fn redis_records(conn: &mut redis::Connection, keys: &[String]) -> HashMap<String, Record> {
     let mut out = HashMap::with_capacity(keys.len());
     for chunk in keys.chunks(1000) {
         let mut pipe = redis::pipe();
@@ -201,8 +168,8 @@ pub fn redis_records(
         }
         let replies: Vec<Value> = pipe.query(conn).expect("pipelined IDEM.GET");
         for (key, reply) in chunk.iter().zip(replies) {
-            if let Some(fields) = record_fields(reply) {
-                out.insert(key.clone(), fields);
+            if let Some(record) = idem_testkit::wire::parse_get(&reply) {
+                out.insert(key.clone(), record);
             }
         }
     }
@@ -295,43 +262,42 @@ pub async fn assert_mirrored_exactly(
             want.key
         );
         if row.response_body.as_deref() != Some(want.body.as_slice()) {
-            let fields = in_redis.get(&want.key);
+            let in_redis = in_redis.get(&want.key);
             panic!(
                 "{} body differs: Postgres {:?} bytes, expected {} bytes, Redis has {:?}; \
                  Postgres {:?}\n expected {:?}",
                 want.key,
                 row.response_body.as_ref().map(Vec::len),
                 want.body.len(),
-                fields.and_then(|f| f.get("body")),
+                in_redis.and_then(Record::completed).map(|c| &c.body),
                 row.response_body,
                 want.body
             );
         }
         assert_eq!(row.response_headers, want.headers, "{} headers", want.key);
-        let fields = in_redis
+        let record = in_redis
             .get(&want.key)
             .unwrap_or_else(|| panic!("{} missing from Redis", want.key));
         assert_eq!(
-            field_text(fields, "mirror"),
+            mirror_state(record),
             "mirrored",
             "{} not acknowledged",
             want.key
         );
         assert_eq!(
             row.created_at_ms,
-            Some(field_int(fields, "created_at")),
+            Some(record.created_at as i64),
             "{} created_at",
             want.key
         );
         assert_eq!(
             row.completed_at_ms,
-            Some(field_int(fields, "completed_at")),
+            record.completed().map(|c| c.completed_at as i64),
             "{} completed_at",
             want.key
         );
         assert_eq!(
-            row.expires_at_ms,
-            field_int(fields, "expires_at"),
+            row.expires_at_ms as u64, record.expires_at,
             "{} expires_at",
             want.key
         );
@@ -378,6 +344,21 @@ pub async fn connect_pg(url: &str) -> tokio_postgres::Client {
 }
 
 pub use idem_testkit::eventually_async as wait_until;
+
+/// Waits up to `timeout` for the node's pending index to empty and
+/// Postgres to hold `rows` rows; whether they did.
+pub async fn wait_drained(
+    conn: &mut redis::Connection,
+    pg: &tokio_postgres::Client,
+    rows: i64,
+    timeout: Duration,
+) -> bool {
+    wait_until(timeout, || {
+        let pending = info_field(conn, "idem_mirror_pending");
+        async move { pending == 0 && row_count(pg).await == rows }
+    })
+    .await
+}
 
 /// The `idem-writer` binary running as a child process, its log in a file.
 pub struct WriterProcess {

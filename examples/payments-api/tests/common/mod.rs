@@ -13,7 +13,6 @@ use axum::middleware::{from_fn, Next};
 use deadpool_postgres::Pool;
 use idem_example_payments::{db, idempotency_layer, routes, serve, AppState, ACCOUNT_HEADER};
 use idem_testkit::{PgDatabase, RedisConfig, RedisServer};
-use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -37,28 +36,7 @@ pub struct TestApp {
     writer: Option<(oneshot::Sender<()>, JoinHandle<idem_writer::Result<()>>)>,
 }
 
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: HeaderMap,
-    pub body: bytes::Bytes,
-}
-
-impl Reply {
-    pub fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).expect("JSON body")
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-}
+pub use idem_testkit::http::Reply;
 
 pub fn payment(amount: i64) -> Value {
     json!({ "amount": amount, "currency": "EUR", "recipient": "acct_bob" })
@@ -136,26 +114,11 @@ impl TestApp {
         if let Some(account) = account {
             request = request.header(ACCOUNT_HEADER.as_str(), account);
         }
-        let response = request.send().await.expect("POST /payments");
-        Reply {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            body: response.bytes().await.expect("body"),
-        }
+        idem_testkit::http::send(request).await
     }
 
     pub async fn get(&self, path: &str) -> Reply {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .expect("GET");
-        Reply {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            body: response.bytes().await.expect("body"),
-        }
+        idem_testkit::http::send(self.http.get(format!("{}{path}", self.base))).await
     }
 
     pub async fn payment_count(&self) -> i64 {
