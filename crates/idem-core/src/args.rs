@@ -64,7 +64,7 @@ pub const MAX_PULL: usize = 10_000;
 /// `CLAIM`, `BLOCK`, `IDEM.TOUCH`): whole milliseconds rounded up, so a
 /// positive duration never becomes 0; saturating.
 pub fn duration_ms(d: std::time::Duration) -> u64 {
-    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 

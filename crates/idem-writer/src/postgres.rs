@@ -19,9 +19,16 @@ use crate::store::{
 /// How long opening one Postgres connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A `postgres://` URL (or key=value string) as connection settings.
+pub fn parse_database_url(database_url: &str) -> Result<tokio_postgres::Config> {
+    database_url
+        .parse()
+        .map_err(|e| Error::Config(format!("invalid database URL: {e}")))
+}
+
 /// A pool for `database_url` holding up to `size` connections.
 pub fn pool(database_url: &str, size: usize) -> Result<Pool> {
-    let mut config = crate::writer::parse_database_url(database_url)?;
+    let mut config = parse_database_url(database_url)?;
     config.connect_timeout(CONNECT_TIMEOUT);
     if config.get_application_name().is_none() {
         config.application_name("idem-writer");

@@ -23,6 +23,7 @@ use crate::migrate::migrate_to;
 use crate::mirrors::Mirrors;
 use crate::node::Shutdown;
 use crate::partitions::Layout;
+use crate::postgres::parse_database_url;
 use crate::topology::Discovery;
 
 /// Longest wait before retrying a failed cleanup run.
@@ -233,13 +234,6 @@ fn is_unreachable(error: &Error) -> bool {
         },
         _ => false,
     }
-}
-
-/// A `postgres://` URL (or key=value string) as connection settings.
-pub(crate) fn parse_database_url(database_url: &str) -> Result<tokio_postgres::Config> {
-    database_url
-        .parse()
-        .map_err(|e| Error::Config(format!("invalid database URL: {e}")))
 }
 
 /// Deletes expired rows now and then every `interval` until `stop`.
