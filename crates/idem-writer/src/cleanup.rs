@@ -65,9 +65,9 @@ impl std::fmt::Display for Cleaned {
     }
 }
 
-/// One cleanup pass on either layout: unpartitioned, [`delete_expired`];
-/// partitioned, drop the expired partitions and create `days_ahead` days of
-/// partitions ahead.
+/// One cleanup pass on either layout: unpartitioned, delete the expired
+/// rows, `batch_size` per transaction; partitioned, drop the expired
+/// partitions and create `days_ahead` days of partitions ahead.
 pub async fn clean(client: &Client, batch_size: u32, days_ahead: u32) -> Result<Cleaned> {
     match partitions::detect(client).await? {
         Some(Layout::Partitioned) => Ok(Cleaned {
