@@ -1,8 +1,13 @@
 //! Middleware CPU per request, in process: the layer around a trivial
-//! handler, driven without HTTP on a current-thread runtime (the redis-rs
-//! driver runs on the same thread), so the process CPU per request is the
-//! middleware's own plus the handler's. Modes (MW_MODE): bare, new, replay.
-//! MW_REQUESTS (20000), MW_CONCURRENCY (32). Needs redis-server and the module.
+//! handler, called without HTTP, each request a task of its own (as a server
+//! runs it), against a real redis-server with the module. Prints the CPU time
+//! of all the process's threads per request: the middleware's own plus the
+//! handler's (`bare`: the handler alone; `ping`: plus one redis-rs round trip).
+//!
+//! MW_MODE: bare, ping, new (a fresh key per request), replay (one key), or
+//! pieces (the fingerprint and its parts, in ns). MW_REQUESTS (20000),
+//! MW_CONCURRENCY (32), MW_THREADS (0: a current-thread runtime, which
+//! callgrind counts repeatably; else that many workers).
 
 use std::time::Instant;
 
@@ -171,7 +176,6 @@ fn main() {
         let run = |count: usize, offset: usize| {
             let manager = manager.clone();
             let service = service.clone();
-            let bare = bare.clone();
             let mode = mode.clone();
             async move {
                 let mut next = 0;
