@@ -121,8 +121,9 @@ pub(crate) enum Collected<B> {
 }
 
 /// Reads `body` into memory, stopping once it exceeds `limit` bytes. A body
-/// whose size hint rules out an overflow is read in place, and one that
-/// comes in a single frame is kept as it is, without a copy.
+/// whose size hint rules out an overflow is read in place (and fails if it
+/// breaks that hint past the limit); one that comes in a single frame is kept
+/// as it is, without a copy.
 pub(crate) async fn collect_limited<B>(body: B, limit: usize) -> Result<Collected<B>, BoxError>
 where
     B: Body<Data = Bytes>,
@@ -132,7 +133,9 @@ where
     if hint.upper().is_some_and(|upper| upper <= limit as u64) {
         let body = std::pin::pin!(body);
         let mut buffer = Buffer::with_capacity(hint.lower());
-        read_into(body, &mut buffer, usize::MAX).await?;
+        if read_into(body, &mut buffer, limit).await? {
+            return Err("the body is longer than its size hint".into());
+        }
         return Ok(Collected::Complete(buffer.freeze()));
     }
     let mut body = Box::pin(body);
@@ -267,6 +270,31 @@ mod tests {
         };
         let resumed = IdemBody::resumed(prefix, rest);
         assert_eq!(resumed.collect().await.unwrap().to_bytes(), "0123456789");
+    }
+
+    /// A body that says it has 2 bytes and has more.
+    struct Understated(Option<Bytes>);
+
+    impl Body for Understated {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Ready(self.0.take().map(|data| Ok(Frame::data(data))))
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(2)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_size_hint_and_the_limit_fails() {
+        let body = Understated(Some(Bytes::from_static(b"0123456789")));
+        assert!(collect_limited(body, 4).await.is_err());
     }
 
     #[tokio::test]

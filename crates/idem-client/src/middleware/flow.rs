@@ -139,7 +139,8 @@ where
 }
 
 /// A future that, dropped before it finished, is spawned to finish on its
-/// own (on the runtime it last ran on; dropped with the runtime itself).
+/// own, on the runtime it is dropped in (outside any, it is dropped: the key
+/// then frees itself when its lease lapses).
 struct Detaching<F: Future + Send + 'static> {
     future: Option<Pin<Box<F>>>,
 }
