@@ -14,6 +14,7 @@
 #      BEGIN in-flight and mismatch vs GET, COMPLETE vs SET EX of the same
 #      256-byte body (<= 1.5x; both called from the same Lua fill loop), and
 #      COMPLETE waking one WAIT client vs COMPLETE alone.
+#      Ratios are medians of per-round ratios, as for throughput.
 #
 # Throughput comes from redis-benchmark (pipelined, many clients, random keys
 # via -r and __rand_int__), each phase on a flushed database, ROUNDS times in
@@ -462,24 +463,30 @@ row "memory/record, mirrored (acked) vs Lua hash" "${MEM_MIRRORED} B" "${MEM_LUA
     "$(ratio "$MEM_MIRRORED" "$MEM_LUA")" "<=1.00" "$(ge "$MEM_LUA" "$MEM_MIRRORED" 1)"
 row "memory/record, mirrored vs 256 B string+TTL" "${MEM_MIRRORED} B" "${MEM_STRING} B" \
     "$(ratio "$MEM_MIRRORED" "$MEM_STRING")" "-" 1
-# Redis' own time per call, medians of the rounds.
-U() { median "$@"; }
-le() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { print (a / b <= t) ? 1 : 0 }'; }
-urow() { # urow <what> <idem usec> <baseline usec> <target or -> 
-    local target=$4 pass=1
-    [[ $target == - ]] || pass=$(le "$2" "$3" "${target#<=}")
-    row "$1" "$2 us" "$3 us" "$(ratio "$2" "$3")" "$target" "$pass"
+# Redis' own time per call: medians of the rounds, and the median of the
+# per-round ratios (as for throughput: one slow round skews neither side).
+le() { awk -v r="$1" -v t="$2" 'BEGIN { print (r <= t) ? 1 : 0 }'; }
+urow() { # urow <what> <target or -> <idem rounds...> -- <baseline rounds...>
+    local what=$1 target=$2 r pass=1
+    shift 2
+    local -a a=() b=()
+    while [[ $1 != -- ]]; do a+=("$1"); shift; done
+    shift
+    b=("$@")
+    r=$(paired "${a[@]}" -- "${b[@]}")
+    [[ $target == - ]] || pass=$(le "$r" "${target#<=}")
+    row "$what" "$(median "${a[@]}") us" "$(median "${b[@]}") us" "$(fmt_ratio "$r")" "$target" "$pass"
 }
 echo
 printf '%-46s %14s %14s %8s %8s  %s\n' "usec_per_call (commandstats, medians)" "idem" "baseline" "ratio" "target" "result"
 printf '%.0s-' {1..102}
 echo
-urow "BEGIN new vs SET NX EX" "$(U "${U_BEGIN[@]}")" "$(U "${U_SET[@]}")" "<=1.25"
-urow "BEGIN replay (256 B) vs GET (256 B)" "$(U "${U_REPLAY[@]}")" "$(U "${U_GET[@]}")" "<=1.25"
-urow "BEGIN in-flight vs GET" "$(U "${U_INFLIGHT[@]}")" "$(U "${U_GET[@]}")" "-"
-urow "BEGIN mismatch vs GET" "$(U "${U_MISMATCH[@]}")" "$(U "${U_GET[@]}")" "-"
-urow "COMPLETE (256 B) vs SET EX (256 B), in Lua" "$(U "${U_COMPLETE[@]}")" "$(U "${U_SETBODY[@]}")" "<=1.50"
-urow "COMPLETE waking 1 WAIT client vs none" "$(U "${U_WAKE[@]}")" "$(U "${U_NOWAKE[@]}")" "-"
+urow "BEGIN new vs SET NX EX" "<=1.25" "${U_BEGIN[@]}" -- "${U_SET[@]}"
+urow "BEGIN replay (256 B) vs GET (256 B)" "<=1.25" "${U_REPLAY[@]}" -- "${U_GET[@]}"
+urow "BEGIN in-flight vs GET" - "${U_INFLIGHT[@]}" -- "${U_GET[@]}"
+urow "BEGIN mismatch vs GET" - "${U_MISMATCH[@]}" -- "${U_GET[@]}"
+urow "COMPLETE (256 B) vs SET EX (256 B), in Lua" "<=1.50" "${U_COMPLETE[@]}" -- "${U_SETBODY[@]}"
+urow "COMPLETE waking 1 WAIT client vs none" - "${U_WAKE[@]}" -- "${U_NOWAKE[@]}"
 echo
 echo "per round (ops/s):"
 echo "  BEGIN fresh  ${R_BEGIN[*]}"
@@ -488,7 +495,10 @@ echo "  Lua BEGIN    ${R_LUA[*]}"
 echo "  BEGIN replay ${R_REPLAY[*]}"
 echo "  GET          ${R_GET[*]}"
 echo "  Lua replay   ${R_LUA_REPLAY[*]}"
-echo "per round (usec_per_call): BEGIN new ${U_BEGIN[*]} | SET NX ${U_SET[*]} | replay ${U_REPLAY[*]} | GET ${U_GET[*]}"
+echo "per round (usec_per_call):"
+echo "  BEGIN new ${U_BEGIN[*]} | SET NX ${U_SET[*]}"
+echo "  replay ${U_REPLAY[*]} | in-flight ${U_INFLIGHT[*]} | mismatch ${U_MISMATCH[*]} | GET ${U_GET[*]}"
+echo "  COMPLETE ${U_COMPLETE[*]} | SET EX ${U_SETBODY[*]} | wake ${U_WAKE[*]} | no wake ${U_NOWAKE[*]}"
 echo "requests: $REQUESTS per phase ($LUA_REQUESTS for Lua), fingerprint: 32 B, keys: 36 B (memory), body: 256 B," \
     "$MEM_RECORDS records per memory variant"
 
