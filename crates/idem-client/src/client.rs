@@ -82,6 +82,7 @@ impl<C> IdemClient<C> {
         self
     }
 
+    /// Whether `begin` may be given a `wait` (wait connections are set).
     pub fn can_wait(&self) -> bool {
         self.wait_connections.is_some()
     }

@@ -19,10 +19,12 @@ const BODY_CANONICAL_JSON: u8 = 1;
 pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
+    /// A fingerprint from its 32 bytes.
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         Fingerprint(bytes)
     }
 
+    /// The 32 bytes sent to `IDEM.BEGIN`.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
@@ -75,6 +77,9 @@ impl Fingerprinter {
         self
     }
 
+    /// The fingerprint of a request: `uri` contributes its path and query,
+    /// `headers` only the configured names, `body` the bytes as sent (or
+    /// their canonical JSON).
     pub fn fingerprint(
         &self,
         method: &Method,

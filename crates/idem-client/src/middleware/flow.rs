@@ -22,8 +22,8 @@ use super::config::Config;
 use super::key::redis_key;
 use super::problem::{replay_response, Problem};
 use super::store::Held;
-use crate::fence::FenceReport;
-use crate::{Claim, Fence, Fingerprint, IdemError, Outcome};
+use crate::fence::{Claim, FenceReport};
+use crate::{Fingerprint, IdemError, Outcome};
 
 /// `Retry-After` of a 409 the fence answers (another transaction holds the key).
 const FENCE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -151,9 +151,7 @@ where
     ResBody::Error: Into<BoxError>,
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let (fence, report) =
-        Fence::new(key.clone(), token, fingerprint.as_bytes(), config.ttl).reporting();
-    request.extensions_mut().insert(fence);
+    let report = config.attach_fence(request.extensions_mut(), &key, token, &fingerprint);
     let limit = config.max_response_body;
     let work = async move {
         let response = inner.oneshot(request).await?;

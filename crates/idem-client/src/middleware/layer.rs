@@ -11,9 +11,33 @@ use tower::Layer;
 
 use super::config::{default_store_policy, Config};
 use super::service::Idempotency;
-use crate::{Fingerprinter, IdemClient, ReadThrough};
+use crate::{Fingerprinter, IdemClient};
+#[cfg(feature = "postgres")]
+use crate::{ReadThrough, TableLayout};
 
-/// The layer. Options (defaults in brackets) are set with its methods.
+/// The layer: wraps a service in [`Idempotency`]. Options are set with its
+/// methods (defaults in each method's doc); docs/client.md has the table of
+/// answers.
+///
+/// The README's setup, over the in-memory store (the same code runs over
+/// `IdemClient::standalone(redis::Client::open(url)?)`):
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use http::HeaderName;
+/// use idem_client::{IdemClient, IdempotencyLayer, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let client = IdemClient::memory(MemoryStore::new());
+/// let layer = IdempotencyLayer::new(client)
+///     .tenant_header(HeaderName::from_static("x-account-id"));
+/// let app: Router = Router::new()
+///     .route("/payments", post(|| async { "paid" }))
+///     .layer(layer);
+/// # let _ = app;
+/// # }
+/// ```
 pub struct IdempotencyLayer<C> {
     pub(crate) config: Config<C>,
 }
@@ -27,11 +51,15 @@ impl<C: Clone> Clone for IdempotencyLayer<C> {
 }
 
 impl<C> IdempotencyLayer<C> {
+    /// A layer over `client` with the default options.
     pub fn new(client: IdemClient<C>) -> Self {
         IdempotencyLayer {
             config: Config {
                 client,
+                #[cfg(feature = "postgres")]
                 read_through: None,
+                #[cfg(feature = "postgres")]
+                table_layout: TableLayout::Unpartitioned,
                 methods: vec![Method::POST, Method::PATCH],
                 header: HeaderName::from_static("idempotency-key"),
                 required: false,
@@ -52,8 +80,19 @@ impl<C> IdempotencyLayer<C> {
     }
 
     /// Look keys Redis does not know up in the Postgres mirror (default: off).
+    #[cfg(feature = "postgres")]
     pub fn read_through(mut self, read_through: ReadThrough) -> Self {
         self.config.read_through = Some(read_through);
+        self
+    }
+
+    /// The layout of `idempotency_keys` the handlers' fences claim on
+    /// (default: `Unpartitioned`); `Partitioned` for a table migrated with
+    /// `idem-writer migrate --layout partitioned`. Every fenced participant
+    /// of one table must use its layout (docs/fence.md).
+    #[cfg(feature = "postgres")]
+    pub fn table_layout(mut self, layout: TableLayout) -> Self {
+        self.config.table_layout = layout;
         self
     }
 
