@@ -22,7 +22,8 @@ RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps --workspace
 
 echo "==> build (release)"
 cargo build --release --workspace --all-targets
-export IDEM_MODULE=$PWD/target/release/libidem.so
+IDEM_MODULE=$(build_module)
+export IDEM_MODULE
 
 echo "==> tests"
 cargo test --release --workspace -- "$@"

@@ -23,7 +23,6 @@ METRICS_PORT=${METRICS_PORT:-9187}
 PROCESSOR_DELAY_MS=${PROCESSOR_DELAY_MS:-2000}
 DATA=$ROOT/.data
 LOGS=$DATA/logs
-MODULE=$ROOT/target/release/libidem.so
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'up.sh: %s\n' "$*" >&2; exit 1; }
@@ -40,6 +39,7 @@ done
 
 say "building the workspace (release)"
 cargo build --release --workspace
+MODULE=$(build_module)
 
 # ---- process bookkeeping -----------------------------------------------------
 mkdir -p "$DATA/redis" "$LOGS"

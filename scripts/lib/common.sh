@@ -17,6 +17,25 @@ ensure_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# build_module: builds the module on its own (`-p idem`) and prints the path
+# of a copy of it. A workspace build unifies features, which would link
+# idem-core's optional redis-rs into libidem.so; the module's own dependency
+# graph has no redis-rs, and the gate below keeps it so. The copy survives
+# later workspace builds (`cargo test --workspace` relinks libidem.so).
+build_module() {
+  local target=${CARGO_TARGET_DIR:-$PWD/target}
+  local deps
+  deps=$(cargo tree -p idem -e normal --prefix none) || return 1
+  if grep -q '^redis v' <<<"$deps"; then
+    echo "the module's dependency graph contains redis-rs" >&2
+    return 1
+  fi
+  cargo build --release -q -p idem >&2
+  mkdir -p "$target/release/module"
+  cp "$target/release/libidem.so" "$target/release/module/libidem.so"
+  echo "$target/release/module/libidem.so"
+}
+
 # The packages every script needs: Redis, the PostgreSQL server binaries
 # (for throwaway clusters), libclang (the module's bindgen build), a C compiler.
 ensure_base_packages() {
