@@ -48,6 +48,23 @@ pub fn stored_hex(fingerprint: &[u8]) -> String {
 }
 
 /// Which parts of a request go into its fingerprint.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, Method};
+/// use idem_client::Fingerprinter;
+///
+/// let fingerprinter = Fingerprinter::new().canonical_json(true);
+/// let mut headers = HeaderMap::new();
+/// headers.insert("content-type", HeaderValue::from_static("application/json"));
+/// let uri = "/payments?v=1".parse().unwrap();
+/// let fp = |body: &[u8]| fingerprinter.fingerprint(&Method::POST, &uri, &headers, body);
+/// // Member order and whitespace do not matter in canonical JSON ...
+/// assert_eq!(fp(br#"{"amount":10,"to":"bob"}"#), fp(br#"{ "to": "bob", "amount": 10 }"#));
+/// // ... values do.
+/// assert_ne!(fp(br#"{"amount":10,"to":"bob"}"#), fp(br#"{"amount":11,"to":"bob"}"#));
+/// // `as_bytes()` goes to IDEM.BEGIN; the module keeps SHA-256 of them.
+/// assert_eq!(fp(b"{}").stored_hex().len(), 64);
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct Fingerprinter {
     headers: Vec<HeaderName>,

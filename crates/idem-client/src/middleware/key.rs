@@ -34,6 +34,14 @@ impl KeyError {
     }
 }
 
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.detail())
+    }
+}
+
+impl std::error::Error for KeyError {}
+
 /// Parses every value of the header; exactly one must be present.
 pub fn parse_key<'a>(
     mut values: impl Iterator<Item = &'a HeaderValue>,

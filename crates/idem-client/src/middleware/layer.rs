@@ -19,23 +19,48 @@ use crate::{ReadThrough, TableLayout};
 /// methods (defaults in each method's doc); docs/client.md has the table of
 /// answers.
 ///
-/// The README's setup, over the in-memory store (the same code runs over
-/// `IdemClient::standalone(redis::Client::open(url)?)`):
+/// The README's setup (Redis, and read-through on the writer's Postgres):
+///
+/// ```no_run
+/// # use axum::{routing::post, Router};
+/// # use http::HeaderName;
+/// # use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
+/// # async fn create_payment() -> &'static str { "paid" }
+/// # async fn setup(pg_pool: deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
+/// let client = IdemClient::standalone(redis::Client::open("redis://127.0.0.1:6390/")?).await?;
+/// let layer = IdempotencyLayer::new(client)
+///     .tenant_header(HeaderName::from_static("x-account-id"))
+///     .read_through(ReadThrough::new(pg_pool));
+/// let app = Router::new().route("/payments", post(create_payment)).layer(layer);
+/// # let _: Router = app;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// The same layer over [`MemoryStore`](crate::MemoryStore), which is how a
+/// handler is unit-tested with the layer and no Redis:
 ///
 /// ```
-/// use axum::{routing::post, Router};
-/// use http::HeaderName;
+/// use axum::{body::Body, http::Request, routing::post, Router};
 /// use idem_client::{IdemClient, IdempotencyLayer, MemoryStore};
+/// use tower::ServiceExt;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let client = IdemClient::memory(MemoryStore::new());
-/// let layer = IdempotencyLayer::new(client)
-///     .tenant_header(HeaderName::from_static("x-account-id"));
-/// let app: Router = Router::new()
+/// let layer = IdempotencyLayer::new(IdemClient::memory(MemoryStore::new()));
+/// let app = Router::new()
 ///     .route("/payments", post(|| async { "paid" }))
 ///     .layer(layer);
-/// # let _ = app;
+/// let request = || {
+///     Request::post("/payments")
+///         .header("idempotency-key", "order-1")
+///         .body(Body::from("{}"))
+///         .unwrap()
+/// };
+/// let first = app.clone().oneshot(request()).await.unwrap();
+/// assert!(first.headers().get("idempotent-replayed").is_none());
+/// let retry = app.oneshot(request()).await.unwrap();
+/// assert_eq!(retry.headers()["idempotent-replayed"], "true");
 /// # }
 /// ```
 pub struct IdempotencyLayer<C> {
