@@ -93,14 +93,17 @@ struct Keyspace {
     tokens: TokenClock,
 }
 
-impl Keyspace {
-    /// The record under `key`, unless its TTL has passed (then it is dropped).
-    fn live(&mut self, key: &[u8], now: u64) -> Option<&mut Record> {
-        if self.records.get(key).is_some_and(|r| r.expires_at <= now) {
-            self.records.remove(key);
-        }
-        self.records.get_mut(key)
+/// The record under `key`, unless its TTL has passed (then it is dropped,
+/// as Redis expires the key).
+fn live<'r>(
+    records: &'r mut HashMap<Vec<u8>, Record>,
+    key: &[u8],
+    now: u64,
+) -> Option<&'r mut Record> {
+    if records.get(key).is_some_and(|r| r.expires_at <= now) {
+        records.remove(key);
     }
+    records.get_mut(key)
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -172,7 +175,7 @@ impl MemoryStore {
             "IDEM.COMPLETE" => {
                 let req = args::complete(args, limits)?;
                 let now = self.now_ms();
-                engine::complete(self.keyspace().live(req.key, now), req, now)?;
+                engine::complete(live(&mut self.keyspace().records, req.key, now), req, now)?;
                 self.shared.settled.notify_waiters();
                 Ok(Resp::write(|sink| sink.simple(c"OK")))
             }
@@ -180,7 +183,10 @@ impl MemoryStore {
                 let req = args::key_token(args, "IDEM.ABORT key token")?;
                 let now = self.now_ms();
                 let mut keyspace = self.keyspace();
-                let released = engine::may_abort(keyspace.live(req.key, now).as_deref(), req.token);
+                let released = engine::may_abort(
+                    live(&mut keyspace.records, req.key, now).as_deref(),
+                    req.token,
+                );
                 if released {
                     keyspace.records.remove(req.key);
                     self.shared.settled.notify_waiters();
@@ -191,7 +197,7 @@ impl MemoryStore {
                 let req = args::touch(args)?;
                 let now = self.now_ms();
                 let mut keyspace = self.keyspace();
-                let rec = keyspace.live(req.key, now);
+                let rec = live(&mut keyspace.records, req.key, now);
                 let remaining = engine::touch(rec, req.token, req.lease_ms, now)?;
                 Ok(Resp::write(|sink| {
                     sink.int(i64::try_from(remaining).unwrap_or(i64::MAX))
@@ -205,7 +211,7 @@ impl MemoryStore {
                 };
                 let now = self.now_ms();
                 let mut keyspace = self.keyspace();
-                let rec = keyspace.live(key, now);
+                let rec = live(&mut keyspace.records, key, now);
                 Ok(Resp::write(|sink| wire::write_record(sink, rec.as_deref())))
             }
             _ => Err(Reply::Refused(format!(
@@ -230,10 +236,7 @@ impl MemoryStore {
                 let now = self.now_ms();
                 let mut keyspace = self.keyspace();
                 let Keyspace { records, tokens } = &mut *keyspace;
-                if records.get(req.key).is_some_and(|r| r.expires_at <= now) {
-                    records.remove(req.key);
-                }
-                let reply = match engine::begin(records.get_mut(req.key), &req, || now, tokens) {
+                let reply = match engine::begin(live(records, req.key, now), &req, || now, tokens) {
                     Decision::Created(record) => {
                         let token = record.token;
                         records.insert(req.key.to_vec(), record);
