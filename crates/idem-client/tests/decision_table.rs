@@ -3,8 +3,11 @@
 //! tokens, fencing of a stale holder, the error codes a client can meet,
 //! lease takeover, key expiry and WAIT must come out the same on both.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{new_token, LONG};
 use idem_client::{
     BeginOptions, IdemClient, IdemError, MemoryStore, Origin, Outcome, StoredResponse,
 };
@@ -15,20 +18,6 @@ use redis::aio::ConnectionLike;
 
 trait Conn: ConnectionLike + Clone + Send + Sync + 'static {}
 impl<T: ConnectionLike + Clone + Send + Sync + 'static> Conn for T {}
-
-const LONG: Duration = Duration::from_secs(600);
-
-async fn new_token<C: Conn>(
-    client: &IdemClient<C>,
-    key: &str,
-    fp: &[u8],
-    options: BeginOptions,
-) -> u64 {
-    match client.begin(key, fp, options).await.expect("BEGIN") {
-        Outcome::New { token } => token,
-        other => panic!("{key}: expected new, got {other:?}"),
-    }
-}
 
 /// `cmd` on `conn`, as the client maps its error.
 async fn raw<C: Conn>(conn: &mut C, cmd: &redis::Cmd) -> Result<redis::Value, IdemError> {

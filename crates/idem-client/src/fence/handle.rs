@@ -117,9 +117,9 @@ impl Fence {
         }
     }
 
-    /// The same fence for a table of `layout` (the middleware's fence too:
-    /// `fence.with_layout(TableLayout::Partitioned).claim(&tx)`); every
-    /// fenced participant of one table must use its layout.
+    /// The same fence for a table of `layout`; every fenced participant of
+    /// one table must use its layout. The middleware's fences come with the
+    /// layer's `table_layout` already.
     pub fn with_layout(mut self, layout: TableLayout) -> Self {
         self.layout = layout;
         self
