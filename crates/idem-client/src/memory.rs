@@ -162,7 +162,8 @@ impl MemoryStore {
             .args_iter()
             .map(|arg| match arg {
                 Arg::Simple(bytes) => bytes,
-                Arg::Cursor => b"0",
+                // A SCAN cursor: no command the store runs takes one.
+                _ => b"0",
             })
             .collect();
         let Some((name, args)) = argv.split_first() else {
