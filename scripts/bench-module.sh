@@ -14,6 +14,7 @@
 #      BEGIN in-flight and mismatch vs GET, COMPLETE vs SET EX of the same
 #      256-byte body (<= 1.5x; both called from the same Lua fill loop), and
 #      COMPLETE waking one WAIT client vs COMPLETE alone.
+#      Ratios are medians of per-round ratios, as for throughput.
 #
 # Throughput comes from redis-benchmark (pipelined, many clients, random keys
 # via -r and __rand_int__), each phase on a flushed database, ROUNDS times in
@@ -22,9 +23,22 @@
 # are medians too. Every phase checks that the commands did what they should
 # (no error replies, the expected outcome counts).
 #
-# Usage: scripts/bench-module.sh        (env knobs below; BENCH_STRICT=1 makes
+# `scripts/bench-module.sh instructions` measures the same pairs in
+# instructions instead of time: the server runs under valgrind's callgrind,
+# each phase sends INSTR_CALLS commands on its own keys (redis-cli --pipe),
+# and a phase's figure is the inclusive instruction count of the command's
+# handler (`setCommand`, `getCommand`, or `RedisModuleCommandDispatcher`:
+# what commandstats times) divided by the calls. Repeatable to a few
+# instructions on a busy machine. The module's SHA-256 runs its portable
+# code under valgrind (no SHA extensions), so BEGIN counts carry ~3,600
+# instructions that SHA-NI hardware does in a few hundred cycles.
+#
+# Usage: scripts/bench-module.sh [instructions]
+#                                       (env knobs below; BENCH_STRICT=1 makes
 #                                        a missed target exit non-zero)
 set -euo pipefail
+MODE=${1:-time}
+[[ $MODE == time || $MODE == instructions ]] || { echo "usage: $0 [instructions]" >&2; exit 2; }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODULE=${IDEM_MODULE:-$ROOT/target/release/libidem.so}
@@ -41,7 +55,9 @@ LEASE_MS=30000
 FP=$(printf 'f%.0s' {1..32})   # a 32-byte fingerprint, as idem-client sends (raw SHA-256)
 BODY=$(printf 'b%.0s' {1..256}) # a 256-byte response body
 
-for tool in redis-server redis-cli redis-benchmark awk; do
+TOOLS=(redis-server redis-cli redis-benchmark awk)
+[[ $MODE == instructions ]] && TOOLS+=(valgrind callgrind_control callgrind_annotate)
+for tool in "${TOOLS[@]}"; do
     command -v "$tool" >/dev/null || { echo "bench-module: $tool not found" >&2; exit 1; }
 done
 if [[ ! -f $MODULE ]]; then
@@ -72,13 +88,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
-redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no \
+UNDER=()
+[[ $MODE == instructions ]] &&
+    UNDER=(valgrind --tool=callgrind --dump-instr=no --callgrind-out-file="$WORK/cg.out")
+"${UNDER[@]}" redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no \
     --dir "$WORK" --logfile "$WORK/redis.log" \
     --loadmodule "$MODULE" >/dev/null 2>&1 &
 SERVER_PID=$!
 
 cli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
-for _ in $(seq 200); do
+for _ in $(seq 600); do
     [[ $(cli PING 2>/dev/null) == PONG ]] && break
     kill -0 "$SERVER_PID" 2>/dev/null || { cat "$WORK/redis.log" >&2; exit 1; }
     sleep 0.05
@@ -220,6 +239,81 @@ declare -a R_BEGIN R_SET R_LUA R_REPLAY R_GET R_LUA_REPLAY
 declare -a U_BEGIN U_SET U_REPLAY U_GET U_INFLIGHT U_MISMATCH U_COMPLETE U_SETBODY U_WAKE U_NOWAKE
 NINETY_NINE=$((REQUESTS * 99 / 100))
 LUA_NINETY_NINE=$((LUA_REQUESTS * 99 / 100))
+
+# Instruction counts per call (see the header); exits when done.
+INSTR_CALLS=${INSTR_CALLS:-20000}
+instructions() {
+    local n=$INSTR_CALLS part=0
+    declare -A per_call
+    # lines <command>: n commands in RESP (as clients send them, not inline:
+    # the argument encodings differ), %d in an argument replaced by 0..n-1.
+    lines() {
+        awk -v n="$n" -v cmd="$1" 'BEGIN {
+            c = split(cmd, a, " ")
+            for (i = 0; i < n; i++) {
+                s = "*" c "\r\n"
+                for (j = 1; j <= c; j++) { v = a[j]; sub(/%d/, i, v); s = s "$" length(v) "\r\n" v "\r\n" }
+                printf "%s", s
+            }
+        }'
+    }
+    # phase <name> <handler> <commands>: runs the commands between a zero
+    # and a dump (in this shell: per_call must survive).
+    phase() {
+        printf '%s\n' "$3" >"$WORK/phase.in" # $(...) took the last newline
+        callgrind_control -z "$SERVER_PID" >/dev/null 2>&1
+        local summary
+        summary=$(cli --pipe <"$WORK/phase.in" 2>&1 | tail -n 1)
+        callgrind_control -d "$SERVER_PID" >/dev/null 2>&1
+        [[ $summary == *"errors: 0,"* ]] || fail "instructions, $1: $summary"
+        part=$((part + 1))
+        local total
+        total=$(callgrind_annotate --inclusive=yes --threshold=100 "$WORK/cg.out.$part" 2>/dev/null |
+            awk -v fn=":$2" '$0 ~ fn " " && !t { gsub(",", "", $1); t = $1 } END { print t }')
+        [[ $total =~ ^[0-9]+$ ]] || fail "instructions, $1: no count for $2"
+        per_call[$1]=$((total / n))
+    }
+    local mod=RedisModuleCommandDispatcher tokens
+    phase new "$mod" "$(lines "IDEM.BEGIN n:%d $FP $TTL")"
+    phase setnx setCommand "$(lines "SET s:%d $FP NX EX $TTL")"
+    phase setbody setCommand "$(lines "SET v:%d $BODY EX $TTL")"
+    phase get getCommand "$(lines "GET v:%d")"
+    lines "IDEM.BEGIN h:%d $FP $TTL LEASE 3600000" | cli --pipe >/dev/null
+    phase inflight "$mod" "$(lines "IDEM.BEGIN h:%d $FP $TTL")"
+    tokens=$(cli EVAL 'local t = {}
+for i = 0, tonumber(ARGV[1]) - 1 do
+  t[#t + 1] = redis.call("IDEM.BEGIN", "c:" .. i, ARGV[2], ARGV[3], "LEASE", 3600000)[2]
+end
+return t' 0 "$n" "$FP" "$TTL")
+    phase complete "$mod" "$(awk -v b="$BODY" '{
+        k = "c:" NR - 1
+        printf "*5\r\n$13\r\nIDEM.COMPLETE\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$3\r\n200\r\n$%d\r\n%s\r\n",
+            length(k), k, length($1), $1, length(b), b
+    }' <<<"$tokens")"
+    phase replay "$mod" "$(lines "IDEM.BEGIN c:%d $FP $TTL")"
+    phase mismatch "$mod" "$(lines "IDEM.BEGIN c:%d other-$FP $TTL")"
+    (($(info_field idem_replay idem) == n && $(info_field idem_mismatch idem) == n)) ||
+        fail "instructions: replay/mismatch phases did not replay/mismatch"
+    (($(info_field idem_in_flight idem) == n && $(info_field idem_completes idem) == n)) ||
+        fail "instructions: in-flight/complete phases went wrong"
+    irow() { # irow <what> <idem phase> <baseline phase>
+        printf '%-46s %14s %14s %8s\n' "$1" "${per_call[$2]}" "${per_call[$3]}" \
+            "$(awk -v a="${per_call[$2]}" -v b="${per_call[$3]}" 'BEGIN { printf "%.2fx", a / b }')"
+    }
+    echo
+    printf '%-46s %14s %14s %8s\n' "instructions per call ($n calls each)" "idem" "baseline" "ratio"
+    printf '%.0s-' {1..85}
+    echo
+    irow "BEGIN new vs SET NX EX" new setnx
+    irow "BEGIN replay (256 B) vs GET (256 B)" replay get
+    irow "BEGIN in-flight vs GET" inflight get
+    irow "BEGIN mismatch vs GET" mismatch get
+    irow "COMPLETE (256 B) vs SET EX (256 B)" complete setbody
+}
+if [[ $MODE == instructions ]]; then
+    instructions
+    exit 0
+fi
 
 echo "idem module benchmark: redis $(redis-server --version | awk '{ print $3 }' | cut -d= -f2)," \
     "port $PORT, $CLIENTS clients, pipeline $PIPELINE, $ROUNDS rounds (medians)" >&2
@@ -369,24 +463,30 @@ row "memory/record, mirrored (acked) vs Lua hash" "${MEM_MIRRORED} B" "${MEM_LUA
     "$(ratio "$MEM_MIRRORED" "$MEM_LUA")" "<=1.00" "$(ge "$MEM_LUA" "$MEM_MIRRORED" 1)"
 row "memory/record, mirrored vs 256 B string+TTL" "${MEM_MIRRORED} B" "${MEM_STRING} B" \
     "$(ratio "$MEM_MIRRORED" "$MEM_STRING")" "-" 1
-# Redis' own time per call, medians of the rounds.
-U() { median "$@"; }
-le() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { print (a / b <= t) ? 1 : 0 }'; }
-urow() { # urow <what> <idem usec> <baseline usec> <target or -> 
-    local target=$4 pass=1
-    [[ $target == - ]] || pass=$(le "$2" "$3" "${target#<=}")
-    row "$1" "$2 us" "$3 us" "$(ratio "$2" "$3")" "$target" "$pass"
+# Redis' own time per call: medians of the rounds, and the median of the
+# per-round ratios (as for throughput: one slow round skews neither side).
+le() { awk -v r="$1" -v t="$2" 'BEGIN { print (r <= t) ? 1 : 0 }'; }
+urow() { # urow <what> <target or -> <idem rounds...> -- <baseline rounds...>
+    local what=$1 target=$2 r pass=1
+    shift 2
+    local -a a=() b=()
+    while [[ $1 != -- ]]; do a+=("$1"); shift; done
+    shift
+    b=("$@")
+    r=$(paired "${a[@]}" -- "${b[@]}")
+    [[ $target == - ]] || pass=$(le "$r" "${target#<=}")
+    row "$what" "$(median "${a[@]}") us" "$(median "${b[@]}") us" "$(fmt_ratio "$r")" "$target" "$pass"
 }
 echo
 printf '%-46s %14s %14s %8s %8s  %s\n' "usec_per_call (commandstats, medians)" "idem" "baseline" "ratio" "target" "result"
 printf '%.0s-' {1..102}
 echo
-urow "BEGIN new vs SET NX EX" "$(U "${U_BEGIN[@]}")" "$(U "${U_SET[@]}")" "<=1.25"
-urow "BEGIN replay (256 B) vs GET (256 B)" "$(U "${U_REPLAY[@]}")" "$(U "${U_GET[@]}")" "<=1.25"
-urow "BEGIN in-flight vs GET" "$(U "${U_INFLIGHT[@]}")" "$(U "${U_GET[@]}")" "-"
-urow "BEGIN mismatch vs GET" "$(U "${U_MISMATCH[@]}")" "$(U "${U_GET[@]}")" "-"
-urow "COMPLETE (256 B) vs SET EX (256 B), in Lua" "$(U "${U_COMPLETE[@]}")" "$(U "${U_SETBODY[@]}")" "<=1.50"
-urow "COMPLETE waking 1 WAIT client vs none" "$(U "${U_WAKE[@]}")" "$(U "${U_NOWAKE[@]}")" "-"
+urow "BEGIN new vs SET NX EX" "<=1.25" "${U_BEGIN[@]}" -- "${U_SET[@]}"
+urow "BEGIN replay (256 B) vs GET (256 B)" "<=1.25" "${U_REPLAY[@]}" -- "${U_GET[@]}"
+urow "BEGIN in-flight vs GET" - "${U_INFLIGHT[@]}" -- "${U_GET[@]}"
+urow "BEGIN mismatch vs GET" - "${U_MISMATCH[@]}" -- "${U_GET[@]}"
+urow "COMPLETE (256 B) vs SET EX (256 B), in Lua" "<=1.50" "${U_COMPLETE[@]}" -- "${U_SETBODY[@]}"
+urow "COMPLETE waking 1 WAIT client vs none" - "${U_WAKE[@]}" -- "${U_NOWAKE[@]}"
 echo
 echo "per round (ops/s):"
 echo "  BEGIN fresh  ${R_BEGIN[*]}"
@@ -395,7 +495,10 @@ echo "  Lua BEGIN    ${R_LUA[*]}"
 echo "  BEGIN replay ${R_REPLAY[*]}"
 echo "  GET          ${R_GET[*]}"
 echo "  Lua replay   ${R_LUA_REPLAY[*]}"
-echo "per round (usec_per_call): BEGIN new ${U_BEGIN[*]} | SET NX ${U_SET[*]} | replay ${U_REPLAY[*]} | GET ${U_GET[*]}"
+echo "per round (usec_per_call):"
+echo "  BEGIN new ${U_BEGIN[*]} | SET NX ${U_SET[*]}"
+echo "  replay ${U_REPLAY[*]} | in-flight ${U_INFLIGHT[*]} | mismatch ${U_MISMATCH[*]} | GET ${U_GET[*]}"
+echo "  COMPLETE ${U_COMPLETE[*]} | SET EX ${U_SETBODY[*]} | wake ${U_WAKE[*]} | no wake ${U_NOWAKE[*]}"
 echo "requests: $REQUESTS per phase ($LUA_REQUESTS for Lua), fingerprint: 32 B, keys: 36 B (memory), body: 256 B," \
     "$MEM_RECORDS records per memory variant"
 

@@ -114,6 +114,7 @@ fn begin(call: &Call) -> Result<(), Error> {
             wire::Begin::InFlight { retry_after_ms }.write(&mut reply);
         }
         Begin::Replay(completed) => {
+            prefetch(&completed.body);
             stats::REPLAY.incr();
             wire::Begin::Replay(completed).write(&mut reply);
         }
@@ -198,4 +199,20 @@ fn get(call: &Call) -> Result<(), Error> {
     let mut key = Key::open_read(call.ctx, call.key());
     wire::write_record(&mut call.ctx.reply(), key.record()?.as_deref());
     Ok(())
+}
+
+/// Asks the CPU to load `bytes` into cache while the reply's first elements
+/// are written: a replayed body lives in its own allocation, the one memory
+/// access a replay adds to what `GET` does.
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64).take(16) {
+        // SAFETY: a prefetch is a hint that never faults; SSE is part of
+        // every x86_64 target.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
 }

@@ -9,15 +9,21 @@
 //! keep the last value; input that is not JSON is an error (callers fall back
 //! to the raw bytes).
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::fmt;
+use std::io::Write as _;
 
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
 /// Canonical form of a JSON document, or `None` when `input` is not JSON.
 pub fn canonicalize(input: &[u8]) -> Option<Vec<u8>> {
-    let value: Value = serde_json::from_slice(input).ok()?;
+    // Parsed into a tree that borrows strings without escapes from `input`;
+    // serde_json accepts and reads exactly what it accepts as a `Value`.
+    let node: Node<'_> = serde_json::from_slice(input).ok()?;
     let mut out = Vec::with_capacity(input.len());
-    write_value(&mut out, &value);
+    node.write(&mut out);
     Some(out)
 }
 
@@ -28,12 +34,162 @@ pub fn canonicalize_value(value: &Value) -> Vec<u8> {
     out
 }
 
+/// A parsed JSON value as `canonicalize` needs it: numbers as the doubles
+/// they stand for, members in input order (sorted when written).
+enum Node<'a> {
+    Null,
+    Bool(bool),
+    Number(f64),
+    String(Cow<'a, str>),
+    Array(Vec<Node<'a>>),
+    Object(Vec<(Cow<'a, str>, Node<'a>)>),
+}
+
+impl Node<'_> {
+    fn write(self, out: &mut Vec<u8>) {
+        match self {
+            Node::Null => out.extend_from_slice(b"null"),
+            Node::Bool(true) => out.extend_from_slice(b"true"),
+            Node::Bool(false) => out.extend_from_slice(b"false"),
+            Node::Number(value) => write_double(out, value),
+            Node::String(s) => write_string(out, &s),
+            Node::Array(items) => {
+                out.push(b'[');
+                for (i, item) in items.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    item.write(out);
+                }
+                out.push(b']');
+            }
+            Node::Object(mut members) => {
+                // Stable: of members with the same name, the last one is kept
+                // (as a `Value` keeps it).
+                members.sort_by(|(a, _), (b, _)| utf16_order(a, b));
+                out.push(b'{');
+                let mut members = members.into_iter().peekable();
+                let mut first = true;
+                while let Some((name, value)) = members.next() {
+                    if members.peek().is_some_and(|(next, _)| *next == name) {
+                        continue;
+                    }
+                    if !first {
+                        out.push(b',');
+                    }
+                    first = false;
+                    write_string(out, &name);
+                    out.push(b':');
+                    value.write(out);
+                }
+                out.push(b'}');
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Node<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(NodeVisitor)
+    }
+}
+
+struct NodeVisitor;
+
+impl<'de> Visitor<'de> for NodeVisitor {
+    type Value = Node<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Node<'de>, E> {
+        Ok(Node::Null)
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Node<'de>, E> {
+        Ok(Node::Bool(v))
+    }
+
+    // The doubles `number_value` gives for a `Number`.
+    fn visit_i64<E>(self, v: i64) -> Result<Node<'de>, E> {
+        Ok(Node::Number(v as f64))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Node<'de>, E> {
+        Ok(Node::Number(v as f64))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Node<'de>, E> {
+        Ok(Node::Number(v))
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Node<'de>, E> {
+        Ok(Node::String(Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Node<'de>, E> {
+        Ok(Node::String(Cow::Owned(v.to_owned())))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Node<'de>, E> {
+        Ok(Node::String(Cow::Owned(v)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node<'de>, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Node::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node<'de>, A::Error> {
+        let mut members = Vec::with_capacity(map.size_hint().unwrap_or(0));
+        while let Some(Name(name)) = map.next_key()? {
+            members.push((name, map.next_value()?));
+        }
+        Ok(Node::Object(members))
+    }
+}
+
+/// A member name, borrowed from the input when it has no escapes.
+struct Name<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Name<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_str(NameVisitor)
+    }
+}
+
+struct NameVisitor;
+
+impl<'de> Visitor<'de> for NameVisitor {
+    type Value = Name<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Name<'de>, E> {
+        Ok(Name(Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Name<'de>, E> {
+        Ok(Name(Cow::Owned(v.to_owned())))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Name<'de>, E> {
+        Ok(Name(Cow::Owned(v)))
+    }
+}
+
 fn write_value(out: &mut Vec<u8>, value: &Value) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(n) => out.extend_from_slice(format_number(n).as_bytes()),
+        Value::Number(n) => write_double(out, number_value(n)),
         Value::String(s) => write_string(out, s),
         Value::Array(items) => {
             out.push(b'[');
@@ -70,37 +226,57 @@ fn utf16_order(a: &str, b: &str) -> Ordering {
 
 fn write_string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
-    for ch in s.chars() {
-        match ch {
-            '"' => out.extend_from_slice(b"\\\""),
-            '\\' => out.extend_from_slice(b"\\\\"),
-            '\u{08}' => out.extend_from_slice(b"\\b"),
-            '\u{09}' => out.extend_from_slice(b"\\t"),
-            '\u{0A}' => out.extend_from_slice(b"\\n"),
-            '\u{0C}' => out.extend_from_slice(b"\\f"),
-            '\u{0D}' => out.extend_from_slice(b"\\r"),
-            c if (c as u32) < 0x20 => {
-                out.extend_from_slice(format!("\\u{:04x}", c as u32).as_bytes());
+    let bytes = s.as_bytes();
+    // Runs of bytes that need no escape are copied whole.
+    let mut start = 0;
+    for (i, &byte) in bytes.iter().enumerate() {
+        let escape: &[u8] = match byte {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x09 => b"\\t",
+            0x0A => b"\\n",
+            0x0C => b"\\f",
+            0x0D => b"\\r",
+            0x00..=0x1F => {
+                out.extend_from_slice(&bytes[start..i]);
+                let _ = write!(out, "\\u{byte:04x}");
+                start = i + 1;
+                continue;
             }
-            c => {
-                let mut buf = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-            }
-        }
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(escape);
+        start = i + 1;
     }
+    out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
 }
 
-/// ECMAScript `Number::toString` of the number taken as a double.
-fn format_number(n: &Number) -> String {
-    let value = match (n.as_i64(), n.as_u64(), n.as_f64()) {
+/// The double a parsed number stands for.
+fn number_value(n: &Number) -> f64 {
+    match (n.as_i64(), n.as_u64(), n.as_f64()) {
         (Some(i), _, _) => i as f64,
         (_, Some(u), _) => u as f64,
         (_, _, Some(f)) => f,
         // Only reachable with arbitrary precision numbers, not enabled here.
         _ => f64::NAN,
-    };
-    format_double(value)
+    }
+}
+
+/// Below 2^53 every integer is a double of its own, so its shortest
+/// round-tripping digits are its decimal digits: `format_double` gives the
+/// same, with allocations.
+const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0;
+
+fn write_double(out: &mut Vec<u8>, value: f64) {
+    if value.trunc() == value && value.abs() < EXACT_INTEGERS {
+        // `-0` is `0`, as in `format_double`.
+        let _ = write!(out, "{}", value as i64);
+    } else {
+        out.extend_from_slice(format_double(value).as_bytes());
+    }
 }
 
 /// ECMAScript Number::toString(x) for a finite double (RFC 8785 §3.2.2.3).
@@ -273,6 +449,30 @@ mod tests {
                 expected,
                 "bits {bits:#x}"
             );
+        }
+    }
+
+    #[test]
+    fn borrowed_tree_writes_what_the_value_path_writes() {
+        let inputs = [
+            r#"{"b":1,"a":{"d":[1,2.5,-0,1e300],"c":null},"a":true}"#,
+            "[1e400]",
+            r#"{"z":"\u00e9\n\"x\"","y":[{"b":false,"a":"\ud83d\ude00"}],"\u0000":-1.5e-7}"#,
+            r#"[9007199254740991,9007199254740993,-9007199254740991,18446744073709551615,1e21,0.1]"#,
+            r#"{"a":1,"b":2,"a":3,"A":4,"€":5,"😀":6,"\ufb33":7}"#,
+            r#"  "plain string with \\ and \/ and \u001f"  "#,
+            "[]",
+            "{}",
+            "true",
+            "-0.0",
+        ];
+        for input in inputs {
+            let Ok(value) = serde_json::from_str::<Value>(input) else {
+                assert!(canonicalize(input.as_bytes()).is_none(), "{input}");
+                continue;
+            };
+            let expected = String::from_utf8(canonicalize_value(&value)).unwrap();
+            assert_eq!(canon(input), expected, "input {input}");
         }
     }
 

@@ -156,7 +156,16 @@ where
         response: &StoredResponse,
         origin: Origin,
     ) -> Result<(), IdemError> {
-        let mut cmd = redis::cmd("IDEM.COMPLETE");
+        let headers: usize = response
+            .headers
+            .iter()
+            .map(|(name, value)| "HEADER".len() + name.len() + value.len())
+            .sum();
+        let mut cmd = command(
+            "IDEM.COMPLETE",
+            5 + 3 * response.headers.len(),
+            key.len() + response.body.len() + headers,
+        );
         cmd.arg(key)
             .arg(token)
             .arg(response.status)
@@ -173,7 +182,7 @@ where
     /// `IDEM.ABORT`: releases the key. `false` when `token` no longer holds
     /// an in-progress record (taken over, completed or gone).
     pub async fn abort(&self, key: &str, token: u64) -> Result<bool, IdemError> {
-        let mut cmd = redis::cmd("IDEM.ABORT");
+        let mut cmd = command("IDEM.ABORT", 3, key.len());
         cmd.arg(key).arg(token);
         parse_abort(&self.query(cmd).await?)
     }
@@ -186,7 +195,7 @@ where
         token: u64,
         lease: Duration,
     ) -> Result<Duration, IdemError> {
-        let mut cmd = redis::cmd("IDEM.TOUCH");
+        let mut cmd = command("IDEM.TOUCH", 4, key.len());
         cmd.arg(key).arg(token).arg(millis(lease));
         parse_touch(&self.query(cmd).await?)
     }
@@ -201,7 +210,7 @@ where
 }
 
 fn begin_cmd(key: &str, fingerprint: &[u8], options: BeginOptions, wait: Option<Duration>) -> Cmd {
-    let mut cmd = redis::cmd("IDEM.BEGIN");
+    let mut cmd = command("IDEM.BEGIN", 8, key.len() + fingerprint.len());
     cmd.arg(key).arg(fingerprint).arg(ttl_seconds(options.ttl));
     if let Some(lease) = options.lease {
         cmd.arg("LEASE").arg(millis(lease));
@@ -209,6 +218,15 @@ fn begin_cmd(key: &str, fingerprint: &[u8], options: BeginOptions, wait: Option<
     if let Some(wait) = wait {
         cmd.arg("WAIT").arg(millis(wait));
     }
+    cmd
+}
+
+/// A command sized for `args` arguments besides its name, `bytes` of them
+/// variable (plus room for a few numbers and keywords), so that building it
+/// does not grow its buffers.
+fn command(name: &str, args: usize, bytes: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(1 + args, name.len() + bytes + 64);
+    cmd.arg(name);
     cmd
 }
 

@@ -44,7 +44,16 @@ impl std::fmt::Debug for Fingerprint {
 
 /// Lowercase hex SHA-256 of any fingerprint bytes sent to `IDEM.BEGIN`.
 pub fn stored_hex(fingerprint: &[u8]) -> String {
-    hex::encode(Sha256::digest(fingerprint))
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(fingerprint);
+    let mut hex = Vec::with_capacity(2 * digest.len());
+    for byte in digest {
+        hex.extend_from_slice(&[
+            DIGITS[usize::from(byte >> 4)],
+            DIGITS[usize::from(byte & 15)],
+        ]);
+    }
+    String::from_utf8(hex).expect("hex digits are ASCII")
 }
 
 /// Which parts of a request go into its fingerprint.
@@ -112,10 +121,10 @@ impl Fingerprinter {
         count(&mut hasher, self.headers.len());
         for name in &self.headers {
             field(&mut hasher, name.as_str().as_bytes());
-            let values: Vec<&[u8]> = headers.get_all(name).iter().map(|v| v.as_bytes()).collect();
-            count(&mut hasher, values.len());
+            let values = headers.get_all(name);
+            count(&mut hasher, values.iter().count());
             for value in values {
-                field(&mut hasher, value);
+                field(&mut hasher, value.as_bytes());
             }
         }
         match self.canonical_body(headers, body) {
@@ -143,13 +152,13 @@ fn is_json(headers: &HeaderMap) -> bool {
     let Some(content_type) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json" || (essence.contains('/') && essence.ends_with("+json"))
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    let suffix = essence
+        .len()
+        .checked_sub(5)
+        .and_then(|at| essence.get(at..));
+    essence.eq_ignore_ascii_case("application/json")
+        || (essence.contains('/') && suffix.is_some_and(|s| s.eq_ignore_ascii_case("+json")))
 }
 
 fn field(hasher: &mut Sha256, bytes: &[u8]) {

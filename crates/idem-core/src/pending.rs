@@ -4,45 +4,71 @@
 //! It holds key names and tokens only; the body stays in the record. A pulled
 //! entry is claimed (hidden) until its claim lapses, so several writers can
 //! pull side by side and a writer that dies loses nothing.
+//!
+//! Every `IDEM.COMPLETE` inserts here, so an insert costs one allocation
+//! (the key, shared by the map and the queue) and two ordered inserts on
+//! integer pairs; entries that become available at the same time keep their
+//! insertion order.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::hash_map::Entry as Slot;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     token: u64,
     completed_at: u64,
     available_at: u64,
+    /// Insertion number: orders entries with equal times.
+    seq: u64,
 }
 
 #[derive(Debug, Default)]
 pub struct PendingIndex {
-    by_key: HashMap<Vec<u8>, Entry>,
-    /// (available_at, key): what the next pull hands out.
-    queue: BTreeSet<(u64, Vec<u8>)>,
-    /// (completed_at, key): for the age of the oldest pending record.
-    age: BTreeSet<(u64, Vec<u8>)>,
+    by_key: HashMap<Arc<[u8]>, Entry>,
+    /// (available_at, seq) → key: what the next pull hands out.
+    queue: BTreeMap<(u64, u64), Arc<[u8]>>,
+    /// (completed_at, seq): for the age of the oldest pending record.
+    age: BTreeSet<(u64, u64)>,
+    next_seq: u64,
 }
 
 impl PendingIndex {
     /// Adds or replaces the key's entry; it is available at once.
     pub fn insert(&mut self, key: &[u8], token: u64, completed_at: u64) {
-        self.remove(key);
-        let e = Entry {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let entry = Entry {
             token,
             completed_at,
             available_at: 0,
+            seq,
         };
-        self.queue.insert((0, key.to_vec()));
-        self.age.insert((completed_at, key.to_vec()));
-        self.by_key.insert(key.to_vec(), e);
+        match self.by_key.entry(Arc::from(key)) {
+            Slot::Occupied(mut slot) => {
+                let old = *slot.get();
+                self.age.remove(&(old.completed_at, old.seq));
+                let name = self
+                    .queue
+                    .remove(&(old.available_at, old.seq))
+                    .expect("index entries agree");
+                self.queue.insert((0, seq), name);
+                slot.insert(entry);
+            }
+            Slot::Vacant(slot) => {
+                self.queue.insert((0, seq), slot.key().clone());
+                slot.insert(entry);
+            }
+        }
+        self.age.insert((completed_at, seq));
     }
 
     pub fn remove(&mut self, key: &[u8]) -> bool {
         let Some(e) = self.by_key.remove(key) else {
             return false;
         };
-        self.queue.remove(&(e.available_at, key.to_vec()));
-        self.age.remove(&(e.completed_at, key.to_vec()));
+        self.queue.remove(&(e.available_at, e.seq));
+        self.age.remove(&(e.completed_at, e.seq));
         true
     }
 
@@ -69,30 +95,35 @@ impl PendingIndex {
         claim_ms: u64,
         mut visible: impl FnMut(&[u8]) -> bool,
     ) -> Vec<(Vec<u8>, u64)> {
-        let picked: Vec<(u64, Vec<u8>)> = self
+        let picked: Vec<(u64, u64)> = self
             .queue
             .iter()
-            .take_while(|(at, _)| *at <= now)
+            .take_while(|((at, _), _)| *at <= now)
             .filter(|(_, key)| visible(key))
             .take(count)
-            .cloned()
+            .map(|(at_seq, _)| *at_seq)
             .collect();
         let until = now.saturating_add(claim_ms);
         picked
             .into_iter()
-            .map(|(at, key)| {
-                self.queue.remove(&(at, key.clone()));
+            .map(|(at, seq)| {
+                let key = self
+                    .queue
+                    .remove(&(at, seq))
+                    .expect("picked from the queue");
                 let e = self.by_key.get_mut(&key).expect("index entries agree");
                 e.available_at = until;
-                self.queue.insert((until, key.clone()));
-                (key, e.token)
+                let token = e.token;
+                let name = key.to_vec();
+                self.queue.insert((until, seq), key);
+                (name, token)
             })
             .collect()
     }
 
     /// When the next claimed entry becomes available again, if none is now.
     pub fn next_available_at(&self) -> Option<u64> {
-        self.queue.first().map(|(at, _)| *at)
+        self.queue.first_key_value().map(|((at, _), _)| *at)
     }
 
     pub fn len(&self) -> usize {
@@ -143,6 +174,21 @@ mod tests {
         assert_eq!(mine, vec![(b"pay:1".to_vec(), 1), (b"pay:2".to_vec(), 3)]);
         // The real writer still gets the hidden record at once.
         assert_eq!(p.claim(100, 10, 1_000), vec![(b"secret:1".to_vec(), 2)]);
+    }
+
+    #[test]
+    fn equal_availability_keeps_insertion_order() {
+        let mut p = PendingIndex::default();
+        for (i, key) in [b"c", b"a", b"b"].iter().enumerate() {
+            p.insert(*key, i as u64 + 1, 7);
+        }
+        p.insert(b"c", 9, 8); // a newer version goes to the back
+        let keys: Vec<Vec<u8>> = p.claim(0, 10, 5).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+        assert_eq!(p.oldest_completed_at(), Some(7));
+        assert!(p.remove(b"a") && p.remove(b"b"));
+        assert_eq!(p.oldest_completed_at(), Some(8));
+        assert_eq!(p.next_available_at(), Some(5));
     }
 
     #[test]

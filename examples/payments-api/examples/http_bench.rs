@@ -2,8 +2,9 @@
 //! it (read-through off), with it and the Postgres fence, the same two with
 //! read-through on, and replays of one key, served in-process on real TCP and
 //! measured in one run, rounds interleaved. Every request carries a fresh key
-//! (except the replay variant). Prints throughput ratios and added p50/p99
-//! latency.
+//! (except the replay variant). Prints throughput ratios, added p50/p99
+//! latency, and CPU per request of the server (its own runtime's threads),
+//! of the load generator, and of redis-server.
 //!
 //! Settings (env): BENCH_SECONDS per variant and round (2), BENCH_ROUNDS (5),
 //! BENCH_CONCURRENCY (32), BENCH_VARIANTS (all of plain,layer,fence,
@@ -75,9 +76,10 @@ struct Measured {
     latencies_us: Vec<u64>,
     elapsed: Duration,
     errors: u64,
-    /// CPU seconds used meanwhile by this process (server and load generator)
-    /// and by redis-server.
+    /// CPU seconds used meanwhile by the server's threads, by the rest of
+    /// this process (the load generator), and by redis-server.
     cpu_app: f64,
+    cpu_load: f64,
     cpu_redis: f64,
 }
 
@@ -103,8 +105,24 @@ fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Name of the server runtime's threads, whose CPU time is the app's.
+const SERVER_THREAD: &str = "bench-server";
+
+fn main() -> anyhow::Result<()> {
+    // The servers run on a runtime of their own (as many workers as the
+    // default one) so that their CPU time is told apart from the load
+    // generator's.
+    let server = tokio::runtime::Builder::new_multi_thread()
+        .thread_name(SERVER_THREAD)
+        .enable_all()
+        .build()?;
+    let load = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    load.block_on(run(server.handle().clone()))
+}
+
+async fn run(server: tokio::runtime::Handle) -> anyhow::Result<()> {
     let seconds = env_number("BENCH_SECONDS", 2);
     let rounds = env_number("BENCH_ROUNDS", 5);
     let concurrency = env_number("BENCH_CONCURRENCY", 32) as usize;
@@ -128,11 +146,22 @@ async fn main() -> anyhow::Result<()> {
     };
     let database = PgDatabase::create();
     let pool = db::pool(&database.url, 32)?;
-    db::migrate(&pool).await?;
+    // Connections to Redis and Postgres drive their sockets in tasks spawned
+    // where they are made: on the server runtime.
+    let (layer, layer_read_through) = {
+        let (pool, redis_url) = (pool.clone(), redis_url.clone());
+        server
+            .spawn(async move {
+                db::migrate(&pool).await?;
+                anyhow::Ok((
+                    idempotency_layer(&redis_url, None).await?,
+                    idempotency_layer(&redis_url, Some(pool)).await?,
+                ))
+            })
+            .await??
+    };
     let unfenced = AppState::new(pool.clone()).with_fence(false);
     let fenced = AppState::new(pool.clone()).with_fence(true);
-    let layer = idempotency_layer(&redis_url, None).await?;
-    let layer_read_through = idempotency_layer(&redis_url, Some(pool.clone())).await?;
 
     // In the order of Variant::ALL.
     let layered = app(unfenced.clone(), layer.clone());
@@ -147,12 +176,17 @@ async fn main() -> anyhow::Result<()> {
     let mut stops = Vec::new();
     let mut bases = Vec::new();
     for router in routers {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
         bases.push(format!("http://{}/payments", listener.local_addr()?));
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(serve(listener, router, async move {
-            let _ = stopped.await;
-        }));
+        server.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            serve(listener, router, async move {
+                let _ = stopped.await;
+            })
+            .await
+        });
         stops.push(stop);
     }
 
@@ -194,7 +228,8 @@ async fn main() -> anyhow::Result<()> {
                 &sequence,
             )
             .await;
-            let (app_before, redis_before) = (process_cpu(), redis_cpu(&redis_url).await);
+            let (app_before, all_before, redis_before) =
+                (server_cpu(), process_cpu(), redis_cpu(&redis_url).await);
             let mut measured = load(
                 &http,
                 &bases[index],
@@ -204,7 +239,8 @@ async fn main() -> anyhow::Result<()> {
                 &sequence,
             )
             .await;
-            measured.cpu_app = process_cpu() - app_before;
+            measured.cpu_app = server_cpu() - app_before;
+            measured.cpu_load = process_cpu() - all_before - measured.cpu_app;
             measured.cpu_redis = redis_cpu(&redis_url).await - redis_before;
             eprintln!(
                 "  round {} {:<26} {:>8.0} req/s",
@@ -218,13 +254,14 @@ async fn main() -> anyhow::Result<()> {
             total.elapsed += measured.elapsed;
             total.errors += measured.errors;
             total.cpu_app += measured.cpu_app;
+            total.cpu_load += measured.cpu_load;
             total.cpu_redis += measured.cpu_redis;
         }
     }
 
     println!(
-        "\n{:<26} {:>10} {:>9} {:>9} {:>7} {:>14} {:>14}",
-        "variant", "req/s", "p50 ms", "p99 ms", "errors", "app+load us/r", "redis us/r"
+        "\n{:<26} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10} {:>10}",
+        "variant", "req/s", "p50 ms", "p99 ms", "errors", "app us/r", "load us/r", "redis us/r"
     );
     let mut figures = Vec::new();
     for (variant, measured) in Variant::ALL.iter().zip(results.iter_mut()) {
@@ -235,13 +272,14 @@ async fn main() -> anyhow::Result<()> {
         );
         let requests = measured.latencies_us.len().max(1) as f64;
         println!(
-            "{:<26} {:>10.0} {:>9.2} {:>9.2} {:>7} {:>14.1} {:>14.1}",
+            "{:<26} {:>10.0} {:>9.2} {:>9.2} {:>7} {:>10.1} {:>10.1} {:>10.1}",
             variant.label(),
             rps,
             p50,
             p99,
             measured.errors,
             measured.cpu_app / requests * 1e6,
+            measured.cpu_load / requests * 1e6,
             measured.cpu_redis / requests * 1e6
         );
         figures.push((rps, p50, p99));
@@ -317,7 +355,8 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// CPU seconds (user + system) this process has used so far.
+/// CPU seconds (user + system) this process has used so far, its exited
+/// threads included (10 ms ticks).
 fn process_cpu() -> f64 {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return f64::NAN;
@@ -332,6 +371,31 @@ fn process_cpu() -> f64 {
         .map(|t| t.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
         .unwrap_or(f64::NAN);
     ticks / 100.0
+}
+
+/// CPU seconds the server runtime's threads have used so far (`schedstat`,
+/// in nanoseconds; its workers live as long as the bench).
+fn server_cpu() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return f64::NAN;
+    };
+    let mut ns = 0.0;
+    for task in tasks.flatten() {
+        let path = task.path();
+        let is_server = std::fs::read_to_string(path.join("comm"))
+            .is_ok_and(|comm| comm.trim_end() == SERVER_THREAD);
+        if is_server {
+            let stat = std::fs::read_to_string(path.join("schedstat")).ok();
+            ns += stat
+                .and_then(|text| first_number(&text))
+                .unwrap_or(f64::NAN);
+        }
+    }
+    ns / 1e9
+}
+
+fn first_number(text: &str) -> Option<f64> {
+    text.split_whitespace().next()?.parse().ok()
 }
 
 /// CPU seconds redis-server has used so far (`INFO cpu`).
@@ -404,8 +468,7 @@ async fn load(
         latencies_us,
         elapsed: started.elapsed(),
         errors: errors.load(Ordering::Relaxed),
-        cpu_app: 0.0,
-        cpu_redis: 0.0,
+        ..Measured::default()
     }
 }
 

@@ -120,28 +120,99 @@ pub(crate) enum Collected<B> {
     Overflow { prefix: Bytes, rest: Pin<Box<B>> },
 }
 
-/// Reads `body` into memory, stopping once it exceeds `limit` bytes.
+/// Reads `body` into memory, stopping once it exceeds `limit` bytes. A body
+/// whose size hint rules out an overflow is read in place (and fails if it
+/// breaks that hint past the limit); one that comes in a single frame is kept
+/// as it is, without a copy.
 pub(crate) async fn collect_limited<B>(body: B, limit: usize) -> Result<Collected<B>, BoxError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
+    let hint = body.size_hint();
+    if hint.upper().is_some_and(|upper| upper <= limit as u64) {
+        let body = std::pin::pin!(body);
+        let mut buffer = Buffer::with_capacity(hint.lower());
+        if read_into(body, &mut buffer, limit).await? {
+            return Err("the body is longer than its size hint".into());
+        }
+        return Ok(Collected::Complete(buffer.freeze()));
+    }
     let mut body = Box::pin(body);
-    let mut buffer = BytesMut::new();
+    let mut buffer = Buffer::with_capacity(hint.lower().min(limit as u64 + 1));
+    if read_into(body.as_mut(), &mut buffer, limit).await? {
+        return Ok(Collected::Overflow {
+            prefix: buffer.freeze(),
+            rest: body,
+        });
+    }
+    Ok(Collected::Complete(buffer.freeze()))
+}
+
+/// Reads data frames into `buffer` until the body ends (`false`) or the
+/// buffer holds more than `limit` bytes (`true`).
+async fn read_into<B>(
+    mut body: Pin<&mut B>,
+    buffer: &mut Buffer,
+    limit: usize,
+) -> Result<bool, BoxError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(Into::into)?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        buffer.extend_from_slice(&data);
+        buffer.push(data);
         if buffer.len() > limit {
-            return Ok(Collected::Overflow {
-                prefix: buffer.freeze(),
-                rest: body,
-            });
+            return Ok(true);
         }
     }
-    Ok(Collected::Complete(buffer.freeze()))
+    Ok(false)
+}
+
+/// Bytes read so far: the first frame as it came, copied into one buffer
+/// (sized by the body's hint) once a second one arrives.
+struct Buffer {
+    hint: usize,
+    first: Bytes,
+    all: Option<BytesMut>,
+}
+
+impl Buffer {
+    fn with_capacity(hint: u64) -> Self {
+        Buffer {
+            hint: usize::try_from(hint).unwrap_or(0),
+            first: Bytes::new(),
+            all: None,
+        }
+    }
+
+    fn push(&mut self, data: Bytes) {
+        if let Some(all) = &mut self.all {
+            all.extend_from_slice(&data);
+        } else if self.first.is_empty() {
+            self.first = data;
+        } else if !data.is_empty() {
+            let mut all = BytesMut::with_capacity(self.hint.max(self.first.len() + data.len()));
+            all.extend_from_slice(&std::mem::take(&mut self.first));
+            all.extend_from_slice(&data);
+            self.all = Some(all);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.all.as_ref().map_or(self.first.len(), BytesMut::len)
+    }
+
+    fn freeze(self) -> Bytes {
+        match self.all {
+            Some(all) => all.freeze(),
+            None => self.first,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -178,6 +249,52 @@ mod tests {
         let resumed = IdemBody::resumed(prefix, rest);
         let all = resumed.collect().await.unwrap().to_bytes();
         assert_eq!(all, "abcdef");
+    }
+
+    #[tokio::test]
+    async fn a_single_frame_is_kept_without_a_copy() {
+        let data = Bytes::from(vec![7u8; 64]);
+        let Collected::Complete(all) = collect_limited(Full::new(data.clone()), 64).await.unwrap()
+        else {
+            panic!("expected the whole body");
+        };
+        assert_eq!(all.as_ptr(), data.as_ptr());
+        assert_eq!(all, data);
+    }
+
+    #[tokio::test]
+    async fn a_known_size_over_the_limit_overflows() {
+        let body = Full::new(Bytes::from_static(b"0123456789"));
+        let Collected::Overflow { prefix, rest } = collect_limited(body, 4).await.unwrap() else {
+            panic!("expected an overflow");
+        };
+        let resumed = IdemBody::resumed(prefix, rest);
+        assert_eq!(resumed.collect().await.unwrap().to_bytes(), "0123456789");
+    }
+
+    /// A body that says it has 2 bytes and has more.
+    struct Understated(Option<Bytes>);
+
+    impl Body for Understated {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Ready(self.0.take().map(|data| Ok(Frame::data(data))))
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(2)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_size_hint_and_the_limit_fails() {
+        let body = Understated(Some(Bytes::from_static(b"0123456789")));
+        assert!(collect_limited(body, 4).await.is_err());
     }
 
     #[tokio::test]

@@ -1,19 +1,24 @@
 //! The idempotency flow for one request that carries a key: buffer and
 //! fingerprint the request, BEGIN, then answer 409/422/replay, or run the
-//! handler (in its own task, so a client hanging up cannot cut it short),
-//! keep the lease alive meanwhile, and settle the key (see `store`). The
-//! handler finds a `Fence` in its request extensions; when it used it, the
-//! fence's report decides what Redis keeps.
+//! handler (in the request's task; when the client hangs up first, the rest
+//! moves into a task of its own, so it is never cut short), keep the lease
+//! alive meanwhile, and settle the key (see `store`). The handler finds a
+//! `Fence` in its request extensions; when it used it, the fence's report
+//! decides what Redis keeps.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::{response, Request, Response};
 use http_body::Body;
 use redis::aio::ConnectionLike;
-use tokio::time::{interval_at, Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use super::begin::begin;
@@ -91,8 +96,10 @@ where
     }
 }
 
-/// Runs the handler in a task of its own and waits for it. A panic in the
-/// handler releases the key and is passed on.
+/// Runs the handler and settles the key, in the request's task; when the
+/// request's future is dropped first (the client hung up), the rest goes on
+/// in a task of its own. A panic in the handler releases the key and is
+/// passed on.
 async fn run_new<S, C, ReqBody, ResBody>(
     config: Arc<Config<C>>,
     inner: S,
@@ -110,39 +117,76 @@ where
     ResBody::Error: Into<BoxError>,
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let task = tokio::spawn(execute(
-        config.clone(),
-        inner,
-        request,
-        key.clone(),
-        token,
-        fingerprint,
-    ));
-    match task.await {
-        Ok(result) => result,
-        Err(join_error) => {
-            let held = Held {
-                config: &config,
-                key: &key,
-                token,
-                fingerprint: &fingerprint,
-            };
+    let settled = async move {
+        let held = Held {
+            config: &config,
+            key: &key,
+            token,
+            fingerprint: &fingerprint,
+        };
+        let outcome = AssertUnwindSafe(execute(&held, inner, request))
+            .catch_unwind()
+            .await;
+        if outcome.is_err() {
             held.release().await;
-            if join_error.is_panic() {
-                std::panic::resume_unwind(join_error.into_panic());
-            }
-            Ok(Problem::Unavailable.into_response())
+        }
+        outcome
+    };
+    match Detaching::new(settled).await {
+        Ok(result) => result,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// A future that, dropped before it finished, is spawned to finish on its
+/// own, on the runtime it is dropped in (outside any, it is dropped: the key
+/// then frees itself when its lease lapses).
+struct Detaching<F: Future + Send + 'static> {
+    future: Option<Pin<Box<F>>>,
+}
+
+impl<F: Future + Send + 'static> Detaching<F>
+where
+    F::Output: Send + 'static,
+{
+    fn new(future: F) -> Self {
+        Detaching {
+            future: Some(Box::pin(future)),
+        }
+    }
+}
+
+impl<F: Future + Send + 'static> Future for Detaching<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let future = self
+            .future
+            .as_mut()
+            .expect("Detaching polled after completion");
+        let output = std::task::ready!(future.as_mut().poll(cx));
+        self.future = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for Detaching<F> {
+    fn drop(&mut self) {
+        let Some(future) = self.future.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn(async move {
+                future.await;
+            }));
         }
     }
 }
 
 async fn execute<S, C, ReqBody, ResBody>(
-    config: Arc<Config<C>>,
+    held: &Held<'_, C>,
     inner: S,
     mut request: Request<IdemBody<ReqBody>>,
-    key: String,
-    token: u64,
-    fingerprint: Fingerprint,
 ) -> Result<Response<IdemBody<ResBody>>, S::Error>
 where
     S: Service<Request<IdemBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
@@ -151,33 +195,28 @@ where
     ResBody::Error: Into<BoxError>,
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let report = config.attach_fence(request.extensions_mut(), &key, token, &fingerprint);
+    let (config, key) = (held.config, held.key);
+    let report = config.attach_fence(request.extensions_mut(), key, held.token, held.fingerprint);
     let limit = config.max_response_body;
     let work = async move {
         let response = inner.oneshot(request).await?;
         let (parts, body) = response.into_parts();
         Ok((parts, collect_limited(body, limit).await))
     };
-    let held = Held {
-        config: &config,
-        key: &key,
-        token,
-        fingerprint: &fingerprint,
-    };
-    let outcome = keep_lease(&config, &key, token, work).await;
+    let outcome = keep_lease(config, key, held.token, work).await;
     let report = std::mem::take(&mut *report.lock().unwrap_or_else(|p| p.into_inner()));
     let (parts, collected) = match outcome {
         Ok(done) => done,
         Err(err) => {
-            settle_fence::<C, ResBody>(&held, report).await;
+            settle_fence::<C, ResBody>(held, report).await;
             return Err(err);
         }
     };
     if report != FenceReport::Unused {
-        if let Some(answer) = settle_fence(&held, report).await {
+        if let Some(answer) = settle_fence(held, report).await {
             return Ok(answer);
         }
-        return Ok(respond(&key, parts, collected));
+        return Ok(respond(key, parts, collected));
     }
     match &collected {
         Ok(Collected::Complete(body)) if (config.store_policy)(parts.status) => {
@@ -196,7 +235,7 @@ where
         }
         _ => held.release().await,
     }
-    Ok(respond(&key, parts, collected))
+    Ok(respond(key, parts, collected))
 }
 
 /// Settles a key whose handler used the fence; `Some` when the client gets
@@ -255,7 +294,8 @@ fn respond<B>(
 }
 
 /// Awaits `work` while renewing the lease every third of it. Renewal stops
-/// for good when the module says the key is no longer ours.
+/// for good when the module says the key is no longer ours. The timer is
+/// armed only when `work` does not finish at once.
 async fn keep_lease<C, F: Future>(config: &Config<C>, key: &str, token: u64, work: F) -> F::Output
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -263,10 +303,10 @@ where
     let lease = config.lease;
     let every = (lease / 3).max(Duration::from_millis(10));
     let renew = async {
-        let mut ticker = interval_at(Instant::now() + every, every);
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let next = tokio::time::sleep(every);
+        tokio::pin!(next);
         loop {
-            ticker.tick().await;
+            next.as_mut().await;
             match config.client.touch(key, token, lease).await {
                 Ok(_) => {}
                 Err(
@@ -277,10 +317,16 @@ where
                 }
                 Err(err) => tracing::warn!(key, error = %err, "lease renewal failed; retrying"),
             }
+            // One renewal per `every`; a late one does not bring the next forward.
+            let now = Instant::now();
+            let due = next.deadline() + every;
+            next.as_mut()
+                .reset(if due > now { due } else { now + every });
         }
     };
     tokio::pin!(work);
     tokio::select! {
+        biased;
         output = &mut work => output,
         () = renew => work.await,
     }
