@@ -25,14 +25,6 @@ use crate::{IdemClient, IdemError};
 
 pub use idem_core::args::Limits;
 
-/// The module's config defaults (`lease-ms`, `max-ttl`, `max-body-bytes`;
-/// README, "Configuration").
-pub const DEFAULT_LIMITS: Limits = Limits {
-    max_ttl_secs: 2_592_000,
-    max_body_bytes: 1_048_576,
-    default_lease_ms: 30_000,
-};
-
 /// The commands a `MemoryStore` runs; any other is refused with `ERR`.
 const COMMANDS: &str = "IDEM.BEGIN, IDEM.COMPLETE, IDEM.ABORT, IDEM.TOUCH and IDEM.GET";
 
@@ -123,7 +115,7 @@ impl Default for MemoryStore {
 impl MemoryStore {
     /// An empty store with the module's default configs.
     pub fn new() -> Self {
-        MemoryStore::with_limits(DEFAULT_LIMITS)
+        MemoryStore::with_limits(Limits::DEFAULT)
     }
 
     /// An empty store with these configs (`max-ttl`, `max-body-bytes`,
