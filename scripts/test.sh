@@ -19,6 +19,16 @@ cargo fmt --all --check
 python3 scripts/lib/import_cycles.py src crates/idem-client/src crates/idem-writer/src
 cargo clippy --release --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps --workspace
+# idem-client's feature combinations (docs/client.md, "Features"): each
+# builds without warnings, and without features it pulls in neither tower
+# nor tokio-postgres.
+for features in "" middleware postgres; do
+    cargo clippy --release -p idem-client --no-default-features --features "$features" -- -D warnings
+done
+if cargo tree -p idem-client --no-default-features -e normal | grep -E ' (tower|tokio-postgres|deadpool-postgres) '; then
+    echo "idem-client without features depends on tower or Postgres" >&2
+    exit 1
+fi
 
 echo "==> build (release)"
 cargo build --release --workspace --all-targets

@@ -4,10 +4,16 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use idem_core::args::Limits;
 
-pub static LEASE_MS: AtomicI64 = AtomicI64::new(30_000);
-pub static MAX_TTL: AtomicI64 = AtomicI64::new(2_592_000);
-pub static MAX_BODY_BYTES: AtomicI64 = AtomicI64::new(1_048_576);
-pub static MIRROR_CLAIM_MS: AtomicI64 = AtomicI64::new(30_000);
+/// Defaults of the configs (the first three are idem-core's `Limits::DEFAULT`).
+pub const LEASE_MS_DEFAULT: i64 = Limits::DEFAULT.default_lease_ms as i64;
+pub const MAX_TTL_DEFAULT: i64 = Limits::DEFAULT.max_ttl_secs as i64;
+pub const MAX_BODY_BYTES_DEFAULT: i64 = Limits::DEFAULT.max_body_bytes as i64;
+pub const MIRROR_CLAIM_MS_DEFAULT: i64 = 30_000;
+
+pub static LEASE_MS: AtomicI64 = AtomicI64::new(LEASE_MS_DEFAULT);
+pub static MAX_TTL: AtomicI64 = AtomicI64::new(MAX_TTL_DEFAULT);
+pub static MAX_BODY_BYTES: AtomicI64 = AtomicI64::new(MAX_BODY_BYTES_DEFAULT);
+pub static MIRROR_CLAIM_MS: AtomicI64 = AtomicI64::new(MIRROR_CLAIM_MS_DEFAULT);
 
 /// Upper bound of the millisecond configs: one year.
 pub const MAX_MS: i64 = 366 * 24 * 3600 * 1000;

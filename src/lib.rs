@@ -83,10 +83,10 @@ redis_module! {
     commands: [],
     configurations: [
         i64: [
-            ["lease-ms", &LEASE_MS, 30_000, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
-            ["max-ttl", &MAX_TTL, 2_592_000, 1, config::MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["max-body-bytes", &MAX_BODY_BYTES, 1_048_576, 0, config::MAX_BODY_LIMIT, ConfigurationFlags::DEFAULT, None],
-            ["mirror-claim-ms", &MIRROR_CLAIM_MS, 30_000, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
+            ["lease-ms", &LEASE_MS, config::LEASE_MS_DEFAULT, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
+            ["max-ttl", &MAX_TTL, config::MAX_TTL_DEFAULT, 1, config::MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
+            ["max-body-bytes", &MAX_BODY_BYTES, config::MAX_BODY_BYTES_DEFAULT, 0, config::MAX_BODY_LIMIT, ConfigurationFlags::DEFAULT, None],
+            ["mirror-claim-ms", &MIRROR_CLAIM_MS, config::MIRROR_CLAIM_MS_DEFAULT, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [],

@@ -15,6 +15,30 @@ use crate::{BeginOptions, IdemError, Origin, Outcome, StoredResponse};
 
 /// Async client for the idem module. Cheap to clone; clones share the
 /// connection.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_client::{BeginOptions, IdemClient, MemoryStore, Origin, Outcome, StoredResponse};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem_client::IdemError> {
+/// // `IdemClient::standalone(redis::Client::open(url)?)` for a real server.
+/// let client = IdemClient::memory(MemoryStore::new());
+/// let options = BeginOptions::new(Duration::from_secs(3600));
+/// let Outcome::New { token } = client.begin("idem:{order-1}", b"request", options).await? else {
+///     unreachable!("a fresh key is new");
+/// };
+/// let response = StoredResponse::new(201, "created");
+/// client.complete("idem:{order-1}", token, &response, Origin::Handler).await?;
+/// // The same request again gets the stored response.
+/// let again = client.begin("idem:{order-1}", b"request", options).await?;
+/// assert_eq!(again, Outcome::Replay(response));
+/// // Another request under the same key is a mismatch.
+/// let other = client.begin("idem:{order-1}", b"other", options).await?;
+/// assert_eq!(other, Outcome::Mismatch);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct IdemClient<C> {
     conn: C,
@@ -82,6 +106,7 @@ impl<C> IdemClient<C> {
         self
     }
 
+    /// Whether `begin` may be given a `wait` (wait connections are set).
     pub fn can_wait(&self) -> bool {
         self.wait_connections.is_some()
     }

@@ -49,7 +49,8 @@ pub enum IdemError {
     /// blocking calls (see `IdemClient::with_wait_connections`).
     #[error("waiting needs dedicated connections; none are configured")]
     NoWaitConnections,
-    /// The Postgres mirror could not be read (read-through).
+    /// Postgres could not be read or written: the read-through mirror, or
+    /// the fence's transaction (feature `postgres`).
     #[error("postgres mirror unavailable: {0}")]
     Postgres(String),
 }
@@ -107,12 +108,14 @@ impl From<redis::RedisError> for IdemError {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl From<deadpool_postgres::PoolError> for IdemError {
     fn from(err: deadpool_postgres::PoolError) -> Self {
         IdemError::Postgres(err.to_string())
     }
 }
 
+#[cfg(feature = "postgres")]
 impl From<tokio_postgres::Error> for IdemError {
     fn from(err: tokio_postgres::Error) -> Self {
         IdemError::Postgres(err.to_string())

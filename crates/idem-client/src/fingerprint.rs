@@ -19,10 +19,12 @@ const BODY_CANONICAL_JSON: u8 = 1;
 pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
+    /// A fingerprint from its 32 bytes.
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         Fingerprint(bytes)
     }
 
+    /// The 32 bytes sent to `IDEM.BEGIN`.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
@@ -55,6 +57,23 @@ pub fn stored_hex(fingerprint: &[u8]) -> String {
 }
 
 /// Which parts of a request go into its fingerprint.
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, Method};
+/// use idem_client::Fingerprinter;
+///
+/// let fingerprinter = Fingerprinter::new().canonical_json(true);
+/// let mut headers = HeaderMap::new();
+/// headers.insert("content-type", HeaderValue::from_static("application/json"));
+/// let uri = "/payments?v=1".parse().unwrap();
+/// let fp = |body: &[u8]| fingerprinter.fingerprint(&Method::POST, &uri, &headers, body);
+/// // Member order and whitespace do not matter in canonical JSON ...
+/// assert_eq!(fp(br#"{"amount":10,"to":"bob"}"#), fp(br#"{ "to": "bob", "amount": 10 }"#));
+/// // ... values do.
+/// assert_ne!(fp(br#"{"amount":10,"to":"bob"}"#), fp(br#"{"amount":11,"to":"bob"}"#));
+/// // `as_bytes()` goes to IDEM.BEGIN; the module keeps SHA-256 of them.
+/// assert_eq!(fp(b"{}").stored_hex().len(), 64);
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct Fingerprinter {
     headers: Vec<HeaderName>,
@@ -84,6 +103,9 @@ impl Fingerprinter {
         self
     }
 
+    /// The fingerprint of a request: `uri` contributes its path and query,
+    /// `headers` only the configured names, `body` the bytes as sent (or
+    /// their canonical JSON).
     pub fn fingerprint(
         &self,
         method: &Method,

@@ -9,9 +9,15 @@ use bytes::Bytes;
 pub enum Outcome {
     /// No record (or a takeover of a lapsed lease): the caller now holds the
     /// key with `token` and must `complete` or `abort` it.
-    New { token: u64 },
+    New {
+        /// The fencing token of this holder.
+        token: u64,
+    },
     /// Another holder's lease is alive; try again after `retry_after`.
-    InFlight { retry_after: Duration },
+    InFlight {
+        /// The holder's remaining lease.
+        retry_after: Duration,
+    },
     /// The key was completed before: answer with the stored response.
     Replay(StoredResponse),
     /// The key exists with another request fingerprint.
@@ -21,13 +27,16 @@ pub enum Outcome {
 /// A response as stored by `IDEM.COMPLETE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
+    /// HTTP status, 100..=599.
     pub status: u16,
+    /// The response body.
     pub body: Bytes,
     /// `(name, value)` pairs in the order they were stored; names may repeat.
     pub headers: Vec<(String, Bytes)>,
 }
 
 impl StoredResponse {
+    /// A response without headers.
     pub fn new(status: u16, body: impl Into<Bytes>) -> Self {
         StoredResponse {
             status,
@@ -36,6 +45,7 @@ impl StoredResponse {
         }
     }
 
+    /// Adds a header after those already there.
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
@@ -55,6 +65,7 @@ pub struct BeginOptions {
 }
 
 impl BeginOptions {
+    /// Options with this ttl, the module's lease and no wait.
     pub fn new(ttl: Duration) -> Self {
         BeginOptions {
             ttl,
@@ -63,11 +74,13 @@ impl BeginOptions {
         }
     }
 
+    /// Sets the holder's lease (`LEASE ms`).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
     }
 
+    /// Sets the wait (`WAIT ms`).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -78,6 +91,8 @@ impl BeginOptions {
 /// (`MIRRORED`: the writer must not mirror it again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
+    /// Produced by the handler: the writer mirrors it to Postgres.
     Handler,
+    /// Read from Postgres (read-through, the fence): stored `MIRRORED`.
     Mirror,
 }

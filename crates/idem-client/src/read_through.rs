@@ -22,6 +22,7 @@ const LOOKUP: &str = "SELECT fingerprint, response_status, response_body, respon
 pub struct MirroredRecord {
     /// Lowercase hex SHA-256 of the fingerprint bytes sent to BEGIN.
     pub fingerprint_hex: String,
+    /// The stored response.
     pub response: StoredResponse,
 }
 
@@ -42,6 +43,7 @@ impl std::fmt::Debug for ReadThrough {
 }
 
 impl ReadThrough {
+    /// Read-through on the writer's database through `pool`.
     pub fn new(pool: Pool) -> Self {
         ReadThrough {
             pool,

@@ -16,6 +16,7 @@ use crate::IdemError;
 
 /// Runs one blocking command on a connection nobody else uses meanwhile.
 pub trait WaitConnections: Send + Sync + 'static {
+    /// Runs `cmd` for at most `timeout` (past it: `IdemError::Unavailable`).
     fn query(&self, cmd: Cmd, timeout: Duration) -> BoxFuture<'_, Result<Value, IdemError>>;
 }
 
@@ -62,6 +63,7 @@ impl<C> DedicatedConnections<C>
 where
     C: ConnectionLike + Send + 'static,
 {
+    /// A pool that opens connections with `open`.
     pub fn new(
         open: impl Fn() -> BoxFuture<'static, RedisResult<C>> + Send + Sync + 'static,
     ) -> Self {
@@ -72,6 +74,7 @@ where
         }
     }
 
+    /// How many idle connections are kept [`DEFAULT_MAX_IDLE`].
     pub fn max_idle(mut self, max_idle: usize) -> Self {
         self.max_idle = max_idle;
         self

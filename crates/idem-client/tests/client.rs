@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{idem_get, state_of, text, LONG};
+use common::{idem_get, new_token, state_of, text, LONG};
 use idem_client::{
     BeginOptions, DedicatedConnections, IdemClient, IdemError, Origin, Outcome, StoredResponse,
 };
@@ -19,18 +19,6 @@ async fn client(server: &RedisServer) -> IdemClient<redis::aio::MultiplexedConne
 
 fn opts() -> BeginOptions {
     BeginOptions::new(LONG)
-}
-
-async fn new_token(
-    client: &IdemClient<impl redis::aio::ConnectionLike + Clone + Send + Sync + 'static>,
-    key: &str,
-    fp: &[u8],
-    options: BeginOptions,
-) -> u64 {
-    match client.begin(key, fp, options).await.expect("BEGIN") {
-        Outcome::New { token } => token,
-        other => panic!("expected new, got {other:?}"),
-    }
 }
 
 #[tokio::test]

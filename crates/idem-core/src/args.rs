@@ -13,6 +13,16 @@ pub struct Limits {
     pub default_lease_ms: u64,
 }
 
+impl Limits {
+    /// The module's defaults (`idem.max-ttl` 30 days, `idem.max-body-bytes`
+    /// 1 MiB, `idem.lease-ms` 30 s); the in-memory store starts from them too.
+    pub const DEFAULT: Limits = Limits {
+        max_ttl_secs: 2_592_000,
+        max_body_bytes: 1_048_576,
+        default_lease_ms: 30_000,
+    };
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub struct Begin<'a> {
     pub key: &'a [u8],

@@ -6,7 +6,7 @@
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use super::{FenceTransaction, TableLayout};
+use super::{Claim, FenceTransaction, TableLayout};
 use crate::read_through::decode_response;
 use crate::{IdemError, StoredResponse};
 
@@ -103,21 +103,6 @@ UPDATE idempotency_keys SET
 WHERE key = $1 AND token = $2 AND status = 'in_progress'
 RETURNING 1
 ";
-
-/// What a claim found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// This transaction holds the key: run the business logic, then
-    /// `complete` (or `commit`) in the same transaction.
-    Proceed,
-    /// The key was completed: answer this response; change nothing.
-    Replay(StoredResponse),
-    /// Another holder's transaction is still open, or a newer token holds
-    /// the key: answer 409 and let the client retry. Change nothing.
-    InFlight,
-    /// The key is held or completed for another request fingerprint: 422.
-    Mismatch,
-}
 
 /// The existing row, as [`ROW_SQL`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,17 +21,14 @@ where
         lease: Some(config.lease),
         wait: config.wait,
     };
-    match &config.read_through {
-        Some(read_through) => {
-            read_through
-                .begin(&config.client, key, fingerprint.as_bytes(), options)
-                .await
-        }
-        None => {
-            config
-                .client
-                .begin(key, fingerprint.as_bytes(), options)
-                .await
-        }
+    #[cfg(feature = "postgres")]
+    if let Some(read_through) = &config.read_through {
+        return read_through
+            .begin(&config.client, key, fingerprint.as_bytes(), options)
+            .await;
     }
+    config
+        .client
+        .begin(key, fingerprint.as_bytes(), options)
+        .await
 }

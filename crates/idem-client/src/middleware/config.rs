@@ -1,21 +1,27 @@
 //! The middleware's settings (`Config`), shared by the layer that builds them
 //! and the service and flow that read them, and the default store policy.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::header::HeaderName;
 use http::request::Parts;
-use http::{Method, StatusCode};
+use http::{Extensions, Method, StatusCode};
 
-use crate::{Fingerprinter, IdemClient, ReadThrough};
+use crate::fence::FenceReport;
+#[cfg(feature = "postgres")]
+use crate::{Fence, ReadThrough, TableLayout};
+use crate::{Fingerprint, Fingerprinter, IdemClient};
 
 type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type StorePolicyFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
 pub(crate) struct Config<C> {
     pub(crate) client: IdemClient<C>,
+    #[cfg(feature = "postgres")]
     pub(crate) read_through: Option<ReadThrough>,
+    #[cfg(feature = "postgres")]
+    pub(crate) table_layout: TableLayout,
     pub(crate) methods: Vec<Method>,
     pub(crate) header: HeaderName,
     pub(crate) required: bool,
@@ -37,7 +43,10 @@ impl<C: Clone> Clone for Config<C> {
     fn clone(&self) -> Self {
         Config {
             client: self.client.clone(),
+            #[cfg(feature = "postgres")]
             read_through: self.read_through.clone(),
+            #[cfg(feature = "postgres")]
+            table_layout: self.table_layout,
             methods: self.methods.clone(),
             header: self.header.clone(),
             required: self.required,
@@ -53,6 +62,34 @@ impl<C: Clone> Clone for Config<C> {
             fail_open: self.fail_open,
             fingerprinter: self.fingerprinter.clone(),
             max_retry_after: self.max_retry_after,
+        }
+    }
+}
+
+impl<C> Config<C> {
+    /// Puts the `Fence` of a request about to run into its extensions (for
+    /// the configured table layout), and answers where the handler's use of
+    /// it is reported. Without the `postgres` feature there is no fence and
+    /// the report stays `Unused`.
+    pub(crate) fn attach_fence(
+        &self,
+        extensions: &mut Extensions,
+        key: &str,
+        token: u64,
+        fingerprint: &Fingerprint,
+    ) -> Arc<Mutex<FenceReport>> {
+        #[cfg(feature = "postgres")]
+        {
+            let (fence, report) = Fence::new(key, token, fingerprint.as_bytes(), self.ttl)
+                .with_layout(self.table_layout)
+                .reporting();
+            extensions.insert(fence);
+            report
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = (extensions, key, token, fingerprint);
+            Arc::default()
         }
     }
 }

@@ -27,8 +27,8 @@ use super::config::Config;
 use super::key::redis_key;
 use super::problem::{replay_response, Problem};
 use super::store::Held;
-use crate::fence::FenceReport;
-use crate::{Claim, Fence, Fingerprint, IdemError, Outcome};
+use crate::fence::{Claim, FenceReport};
+use crate::{Fingerprint, IdemError, Outcome};
 
 /// `Retry-After` of a 409 the fence answers (another transaction holds the key).
 const FENCE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -196,14 +196,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let (config, key) = (held.config, held.key);
-    let (fence, report) = Fence::new(
-        key.to_owned(),
-        held.token,
-        held.fingerprint.as_bytes(),
-        config.ttl,
-    )
-    .reporting();
-    request.extensions_mut().insert(fence);
+    let report = config.attach_fence(request.extensions_mut(), key, held.token, held.fingerprint);
     let limit = config.max_response_body;
     let work = async move {
         let response = inner.oneshot(request).await?;

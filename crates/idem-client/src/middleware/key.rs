@@ -10,13 +10,18 @@ pub const MAX_KEY_BYTES: usize = 255;
 /// Why an `Idempotency-Key` value was rejected.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyError {
+    /// The value is empty.
     Empty,
+    /// Longer than [`MAX_KEY_BYTES`].
     TooLong,
+    /// Neither an sf-string nor a bare token.
     Malformed,
+    /// The header appears more than once.
     Repeated,
 }
 
 impl KeyError {
+    /// The `detail` of the 400 problem answered for it.
     pub fn detail(&self) -> &'static str {
         match self {
             KeyError::Empty => "the Idempotency-Key header is empty",
@@ -28,6 +33,14 @@ impl KeyError {
         }
     }
 }
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.detail())
+    }
+}
+
+impl std::error::Error for KeyError {}
 
 /// Parses every value of the header; exactly one must be present.
 pub fn parse_key<'a>(

@@ -11,9 +11,58 @@ use tower::Layer;
 
 use super::config::{default_store_policy, Config};
 use super::service::Idempotency;
-use crate::{Fingerprinter, IdemClient, ReadThrough};
+use crate::{Fingerprinter, IdemClient};
+#[cfg(feature = "postgres")]
+use crate::{ReadThrough, TableLayout};
 
-/// The layer. Options (defaults in brackets) are set with its methods.
+/// The layer: wraps a service in [`Idempotency`]. Options are set with its
+/// methods (defaults in each method's doc); docs/client.md has the table of
+/// answers.
+///
+/// The README's setup (Redis, and read-through on the writer's Postgres):
+///
+/// ```no_run
+/// # use axum::{routing::post, Router};
+/// # use http::HeaderName;
+/// # use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
+/// # async fn create_payment() -> &'static str { "paid" }
+/// # async fn setup(pg_pool: deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
+/// let client = IdemClient::standalone(redis::Client::open("redis://127.0.0.1:6390/")?).await?;
+/// let layer = IdempotencyLayer::new(client)
+///     .tenant_header(HeaderName::from_static("x-account-id"))
+///     .read_through(ReadThrough::new(pg_pool));
+/// let app = Router::new().route("/payments", post(create_payment)).layer(layer);
+/// # let _: Router = app;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// The same layer over [`MemoryStore`](crate::MemoryStore), which is how a
+/// handler is unit-tested with the layer and no Redis:
+///
+/// ```
+/// use axum::{body::Body, http::Request, routing::post, Router};
+/// use idem_client::{IdemClient, IdempotencyLayer, MemoryStore};
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = IdempotencyLayer::new(IdemClient::memory(MemoryStore::new()));
+/// let app = Router::new()
+///     .route("/payments", post(|| async { "paid" }))
+///     .layer(layer);
+/// let request = || {
+///     Request::post("/payments")
+///         .header("idempotency-key", "order-1")
+///         .body(Body::from("{}"))
+///         .unwrap()
+/// };
+/// let first = app.clone().oneshot(request()).await.unwrap();
+/// assert!(first.headers().get("idempotent-replayed").is_none());
+/// let retry = app.oneshot(request()).await.unwrap();
+/// assert_eq!(retry.headers()["idempotent-replayed"], "true");
+/// # }
+/// ```
 pub struct IdempotencyLayer<C> {
     pub(crate) config: Config<C>,
 }
@@ -27,11 +76,15 @@ impl<C: Clone> Clone for IdempotencyLayer<C> {
 }
 
 impl<C> IdempotencyLayer<C> {
+    /// A layer over `client` with the default options.
     pub fn new(client: IdemClient<C>) -> Self {
         IdempotencyLayer {
             config: Config {
                 client,
+                #[cfg(feature = "postgres")]
                 read_through: None,
+                #[cfg(feature = "postgres")]
+                table_layout: TableLayout::Unpartitioned,
                 methods: vec![Method::POST, Method::PATCH],
                 header: HeaderName::from_static("idempotency-key"),
                 required: false,
@@ -52,8 +105,19 @@ impl<C> IdempotencyLayer<C> {
     }
 
     /// Look keys Redis does not know up in the Postgres mirror (default: off).
+    #[cfg(feature = "postgres")]
     pub fn read_through(mut self, read_through: ReadThrough) -> Self {
         self.config.read_through = Some(read_through);
+        self
+    }
+
+    /// The layout of `idempotency_keys` the handlers' fences claim on
+    /// (default: `Unpartitioned`); `Partitioned` for a table migrated with
+    /// `idem-writer migrate --layout partitioned`. Every fenced participant
+    /// of one table must use its layout (docs/fence.md).
+    #[cfg(feature = "postgres")]
+    pub fn table_layout(mut self, layout: TableLayout) -> Self {
+        self.config.table_layout = layout;
         self
     }
 

@@ -16,17 +16,30 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// The middleware's own answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Problem {
+    /// 400: the layer is `required` and the request has no key.
     MissingKey,
+    /// 400: the key header is empty, too long, malformed or repeated
+    /// (the detail says which).
     InvalidKey(&'static str),
+    /// 413: the request body is over `max_request_body`.
     RequestTooLarge,
+    /// 400: the request body could not be read.
     UnreadableRequest,
-    InFlight { retry_after: Duration },
+    /// 409: another request with this key is running.
+    InFlight {
+        /// Sent as `Retry-After` (whole seconds, rounded up).
+        retry_after: Duration,
+    },
+    /// 422: the key was used with another request.
     Mismatch,
+    /// 503: the store is unreachable (fail closed).
     Unavailable,
+    /// 500: the store refused a call it should not have.
     Internal,
 }
 
 impl Problem {
+    /// The HTTP status of this answer.
     pub fn status(&self) -> StatusCode {
         match self {
             Problem::MissingKey | Problem::InvalidKey(_) | Problem::UnreadableRequest => {
@@ -83,6 +96,7 @@ impl Problem {
         }
     }
 
+    /// The answer as an `application/problem+json` response (RFC 9457).
     pub fn into_response<B>(self) -> Response<IdemBody<B>> {
         let status = self.status();
         let body = serde_json::json!({

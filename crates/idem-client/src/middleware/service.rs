@@ -21,7 +21,9 @@ use super::flow;
 use super::key::parse_key;
 use super::problem::Problem;
 
-/// The middleware around an inner service `S`.
+/// The middleware around an inner service `S`, made by
+/// [`IdempotencyLayer`](super::IdempotencyLayer); `C` is the client's
+/// connection type.
 pub struct Idempotency<S, C> {
     inner: S,
     config: Arc<Config<C>>,
@@ -41,8 +43,20 @@ impl<S, C> Idempotency<S, C> {
         Idempotency { inner, config }
     }
 
+    /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// The inner service, mutably. A request already handed on keeps the
+    /// clone of the inner service it was given.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, without the middleware.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 }
 

@@ -1,5 +1,6 @@
-//! Shared helpers for idem-client's integration tests: typed access to
-//! `IDEM.GET`, an axum server on a free port, and HTTP calls.
+//! Shared helpers for idem-client's integration tests: a BEGIN that must
+//! answer `new`, typed access to `IDEM.GET`, an axum server on a free port,
+//! and HTTP calls.
 
 #![allow(dead_code)]
 
@@ -7,7 +8,21 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::Router;
+use idem_client::{BeginOptions, IdemClient, Outcome};
 use tokio::sync::oneshot;
+
+/// `IDEM.BEGIN` that must answer `new`: its token.
+pub async fn new_token(
+    client: &IdemClient<impl redis::aio::ConnectionLike + Clone + Send + Sync + 'static>,
+    key: &str,
+    fp: &[u8],
+    options: BeginOptions,
+) -> u64 {
+    match client.begin(key, fp, options).await.expect("BEGIN") {
+        Outcome::New { token } => token,
+        other => panic!("{key}: expected new, got {other:?}"),
+    }
+}
 
 /// `IDEM.GET key` (parsed by `idem_core::wire`) as its fields by name,
 /// strings and integers as text (`None` when there is no record).
