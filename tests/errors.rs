@@ -440,7 +440,7 @@ fn garbage_never_takes_the_server_down() {
             .args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => b.to_vec(),
-                redis::Arg::Cursor => vec![],
+                _ => vec![],
             })
             .collect();
         if args
