@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use idem_testkit::{eventually, RedisConfig, RedisServer};
-use rand::Rng;
+use rand::RngExt;
 use redis::{Connection, Value};
 
 /// Sends `blocking` and a `ECHO marker` in one pipeline; true when both
@@ -151,31 +151,31 @@ fn randomized_blocked_clients_are_each_answered_exactly_once() {
         let (s_url, stop) = (s.client(), stop.clone());
         thread::spawn(move || {
             let mut c = s_url.get_connection().unwrap();
-            let mut rng = rand::thread_rng();
+            let mut rng = rand::rng();
             while !stop.load(Ordering::Relaxed) {
-                let key = format!("r{}", rng.gen_range(0..keys));
+                let key = format!("r{}", rng.random_range(0..keys));
                 let reply = raw(&mut c, &["IDEM.BEGIN", &key, "fp", "2", "LEASE", "40"]);
                 if let Ok(v) = reply {
                     if let Outcome::New(t) = Outcome::parse(&v) {
-                        sleep_ms(rng.gen_range(0..40));
+                        sleep_ms(rng.random_range(0..40));
                         let t = t.to_string();
-                        match rng.gen_range(0..3) {
+                        match rng.random_range(0..3) {
                             0 => drop(raw(&mut c, &["IDEM.COMPLETE", &key, &t, "200", "b"])),
                             1 => drop(raw(&mut c, &["IDEM.ABORT", &key, &t])),
                             _ => {} // let the lease lapse
                         }
                     }
                 }
-                if rng.gen_ratio(1, 40) {
+                if rng.random_ratio(1, 40) {
                     let _ = raw(&mut c, &["CLIENT", "PAUSE", "30", "WRITE"]);
                 }
-                if rng.gen_ratio(1, 10) {
+                if rng.random_ratio(1, 10) {
                     let _ = raw(
                         &mut c,
                         &["CLIENT", "KILL", "USER", "default", "SKIPME", "yes"],
                     );
                 }
-                sleep_ms(rng.gen_range(0..10));
+                sleep_ms(rng.random_range(0..10));
             }
         })
     };
@@ -185,7 +185,7 @@ fn randomized_blocked_clients_are_each_answered_exactly_once() {
             let (client, stop) = (s.client(), stop.clone());
             let (answered, out_of_step) = (answered.clone(), out_of_step.clone());
             thread::spawn(move || {
-                let mut rng = rand::thread_rng();
+                let mut rng = rand::rng();
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
                     let Ok(mut con) = client.get_connection() else {
@@ -194,9 +194,9 @@ fn randomized_blocked_clients_are_each_answered_exactly_once() {
                     con.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                     loop {
                         i += 1;
-                        let deadline = rng.gen_range(1..60);
-                        let cmd = if rng.gen_bool(0.7) {
-                            let key = format!("r{}", rng.gen_range(0..keys));
+                        let deadline = rng.random_range(1..60);
+                        let cmd = if rng.random_bool(0.7) {
+                            let key = format!("r{}", rng.random_range(0..keys));
                             let mut cmd = redis::cmd("IDEM.BEGIN");
                             cmd.arg(key).arg("fp").arg(2).arg("LEASE").arg(40);
                             cmd.arg("WAIT").arg(deadline);

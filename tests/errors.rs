@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use idem_testkit::RedisServer;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use redis::Value;
 
 /// The whole dataset's digest plus the record: what "nothing changed" means.
@@ -416,22 +416,22 @@ fn garbage_never_takes_the_server_down() {
         b"60",
     ];
     for _ in 0..3000 {
-        let mut cmd = redis::cmd(commands[rng.gen_range(0..commands.len())]);
-        for _ in 0..rng.gen_range(0..9) {
-            match rng.gen_range(0..4) {
+        let mut cmd = redis::cmd(commands[rng.random_range(0..commands.len())]);
+        for _ in 0..rng.random_range(0..9) {
+            match rng.random_range(0..4) {
                 0 => {
-                    let n = rng.gen_range(0..40);
-                    let junk: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+                    let n = rng.random_range(0..40);
+                    let junk: Vec<u8> = (0..n).map(|_| rng.random()).collect();
                     cmd.arg(junk);
                 }
                 1 => {
-                    cmd.arg(rng.gen::<i64>());
+                    cmd.arg(rng.random::<i64>());
                 }
                 2 => {
                     cmd.arg(t);
                 }
                 _ => {
-                    cmd.arg(words[rng.gen_range(0..words.len())]);
+                    cmd.arg(words[rng.random_range(0..words.len())]);
                 }
             }
         }
@@ -440,7 +440,7 @@ fn garbage_never_takes_the_server_down() {
             .args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => b.to_vec(),
-                redis::Arg::Cursor => vec![],
+                _ => vec![],
             })
             .collect();
         if args

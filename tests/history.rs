@@ -19,7 +19,7 @@ mod common;
 use checker::{Event, Final, Op, Reply};
 use common::{now_ms, Rec};
 use idem_testkit::RedisConfig;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use redis::Value;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,9 +60,9 @@ fn run_history(config: RedisConfig, kills: usize, seed: u64) -> Run {
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for _ in 0..kills {
-        thread::sleep(Duration::from_millis(rng.gen_range(150..650)));
+        thread::sleep(Duration::from_millis(rng.random_range(150..650)));
         server.kill();
-        thread::sleep(Duration::from_millis(rng.gen_range(0..60)));
+        thread::sleep(Duration::from_millis(rng.random_range(0..60)));
         server.restart();
     }
     thread::sleep(Duration::from_millis(300));
@@ -130,7 +130,10 @@ fn client(
             }
         }
         let epoch = start.elapsed().as_millis() / KEY_EPOCH_MS;
-        let key = format!("h:{}", epoch.saturating_sub(rng.gen_range(0..KEY_WINDOW)));
+        let key = format!(
+            "h:{}",
+            epoch.saturating_sub(rng.random_range(0..KEY_WINDOW))
+        );
         let mut call = |op: Op, cmd: redis::Cmd, con: &mut Option<redis::Connection>| {
             let invoke = elapsed();
             let result = cmd.query::<Value>(con.as_mut().expect("connected"));
@@ -157,8 +160,8 @@ fn client(
             reply
         };
 
-        let lease_ms = [40u64, 80, 150][rng.gen_range(0..3)];
-        let wait_ms = rng.gen_bool(0.3).then(|| rng.gen_range(20..250u64));
+        let lease_ms = [40u64, 80, 150][rng.random_range(0..3)];
+        let wait_ms = rng.random_bool(0.3).then(|| rng.random_range(20..250u64));
         let mut cmd = redis::cmd("IDEM.BEGIN");
         cmd.arg(&key)
             .arg(FP)
@@ -175,18 +178,20 @@ fn client(
         let token = match call(op, cmd, &mut con) {
             Reply::New(t) => t,
             Reply::InFlight => {
-                thread::sleep(Duration::from_millis(rng.gen_range(0..20)));
+                thread::sleep(Duration::from_millis(rng.random_range(0..20)));
                 continue;
             }
             _ => {
-                thread::sleep(Duration::from_millis(rng.gen_range(0..4)));
+                thread::sleep(Duration::from_millis(rng.random_range(0..4)));
                 continue;
             }
         };
         // The holder works, sometimes past its lease, sometimes touching it.
-        thread::sleep(Duration::from_millis(rng.gen_range(0..lease_ms * 13 / 10)));
-        if con.is_some() && rng.gen_bool(0.25) {
-            let lease = rng.gen_range(30..200u64);
+        thread::sleep(Duration::from_millis(
+            rng.random_range(0..lease_ms * 13 / 10),
+        ));
+        if con.is_some() && rng.random_bool(0.25) {
+            let lease = rng.random_range(30..200u64);
             let mut cmd = redis::cmd("IDEM.TOUCH");
             cmd.arg(&key).arg(token).arg(lease);
             call(
@@ -197,12 +202,12 @@ fn client(
                 cmd,
                 &mut con,
             );
-            thread::sleep(Duration::from_millis(rng.gen_range(0..lease / 2)));
+            thread::sleep(Duration::from_millis(rng.random_range(0..lease / 2)));
         }
         if con.is_none() {
             continue;
         }
-        if rng.gen_bool(0.75) {
+        if rng.random_bool(0.75) {
             seq += 1;
             let body = format!("{key}|{token}|c{id}|{seq}").into_bytes();
             let mut cmd = redis::cmd("IDEM.COMPLETE");

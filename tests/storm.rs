@@ -18,7 +18,7 @@ use gen::{Args, Gen, Item};
 use idem_core::record::TOKEN_LIMIT;
 use idem_core::wire::{parse_pull_batch, parse_record, BeginReply, Frame};
 use idem_testkit::RedisServer;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use resp::{Conn, Resp};
 use std::collections::BTreeMap;
 use std::thread;
@@ -184,14 +184,14 @@ fn storm(port: u16, mut g: Gen, n: usize) -> Outcome {
     };
     while out.commands < n {
         // Sometimes the whole node runs out of memory for one batch.
-        let oom = g.rng.gen_range(0..40) == 0;
+        let oom = g.rng.random_range(0..40) == 0;
         if oom {
             c.send(&["CONFIG", "SET", "maxmemory", "1"]);
         }
         let mut batch: Vec<Item> = Vec::new();
         let mut queued = 0;
         while queued < PIPELINE {
-            let item = match g.rng.gen_range(0..100) {
+            let item = match g.rng.random_range(0..100) {
                 0..=54 => Item::Plain(g.idem()),
                 55..=69 => Item::Plain(g.valid()),
                 70..=77 => Item::Plain(g.other()),
@@ -510,7 +510,7 @@ fn clients_killed_while_blocked_in_wait_or_pull_block() {
                 let Resp::Int(id) = c.call(&["CLIENT", "ID"]) else {
                     panic!("CLIENT ID")
                 };
-                let ms = rng.gen_range(1_000..2_500u64).to_string();
+                let ms = rng.random_range(1_000..2_500u64).to_string();
                 let cmd: Args = if i % 2 == 0 {
                     ["IDEM.BEGIN", &held, "fp", "600", "WAIT", &ms]
                         .iter()
@@ -542,7 +542,7 @@ fn clients_killed_while_blocked_in_wait_or_pull_block() {
         // Kill a third through the server, drop the sockets of another third.
         let mut survivors = Vec::new();
         for (c, id, cmd) in blocked.drain(..) {
-            match rng.gen_range(0..3) {
+            match rng.random_range(0..3) {
                 0 => {
                     common::ok(&mut admin, &["CLIENT", "KILL", "ID", &id.to_string()]);
                     killed += 1;
@@ -555,7 +555,7 @@ fn clients_killed_while_blocked_in_wait_or_pull_block() {
             }
         }
         // Release: complete or abort the held key, and wake the pullers.
-        if rng.gen_bool(0.5) {
+        if rng.random_bool(0.5) {
             common::complete(&mut admin, &held, token, 200, b"done", &[]);
         } else {
             assert_eq!(common::abort(&mut admin, &held, token), 1);

@@ -7,7 +7,7 @@
 //! the 2-byte RDB version and the CRC64 (Jones, reflected) of all before it,
 //! both little-endian.
 
-use rand::Rng;
+use rand::RngExt;
 
 /// A parsed DUMP payload of an idem record.
 #[derive(Debug, Clone)]
@@ -111,7 +111,7 @@ fn put_u64(r: &mut [u8], at: usize, v: u64) {
 }
 
 /// Values at and beyond every bound a record field has.
-fn hostile_u64(rng: &mut impl Rng) -> u64 {
+fn hostile_u64(rng: &mut impl RngExt) -> u64 {
     const V: [u64; 10] = [
         0,
         1,
@@ -124,40 +124,40 @@ fn hostile_u64(rng: &mut impl Rng) -> u64 {
         u64::MAX - 1,
         4_102_444_800_000, // 2100-01-01 in ms
     ];
-    if rng.gen_bool(0.8) {
-        V[rng.gen_range(0..V.len())]
+    if rng.random_bool(0.8) {
+        V[rng.random_range(0..V.len())]
     } else {
-        rng.gen()
+        rng.random()
     }
 }
 
 /// One random mutation of a record's codec bytes. `fields`: also forge
 /// field values (tokens, times, status, lengths, random bytes); otherwise
 /// only the structure (format, variant, mirror state, cuts, trailing junk).
-pub fn mutate(record: &[u8], rng: &mut impl Rng, fields: bool) -> Vec<u8> {
+pub fn mutate(record: &[u8], rng: &mut impl RngExt, fields: bool) -> Vec<u8> {
     let mut r = record.to_vec();
     if r.len() < BODY_LEN + 8 {
         // Already cut short: grow it by junk.
-        r.extend((0..rng.gen_range(1..80)).map(|_| rng.gen::<u8>()));
+        r.extend((0..rng.random_range(1..80)).map(|_| rng.random::<u8>()));
         return r;
     }
     let completed = r.get(VARIANT) == Some(&1);
     let kind = if fields {
-        rng.gen_range(0..12)
+        rng.random_range(0..12)
     } else {
-        [4, 7, 8, 9, 10][rng.gen_range(0..5)]
+        [4, 7, 8, 9, 10][rng.random_range(0..5)]
     };
     match kind {
         0 => {
-            for _ in 0..rng.gen_range(1..5) {
-                let i = rng.gen_range(0..r.len());
-                r[i] = rng.gen();
+            for _ in 0..rng.random_range(1..5) {
+                let i = rng.random_range(0..r.len());
+                r[i] = rng.random();
             }
         }
         1 => put_u64(&mut r, TOKEN, hostile_u64(rng)),
         2 => put_u64(
             &mut r,
-            [CREATED, EXPIRES][rng.gen_range(0..2)],
+            [CREATED, EXPIRES][rng.random_range(0..2)],
             hostile_u64(rng),
         ),
         3 if !completed => put_u64(&mut r, AFTER_VARIANT, hostile_u64(rng)),
@@ -166,30 +166,30 @@ pub fn mutate(record: &[u8], rng: &mut impl Rng, fields: bool) -> Vec<u8> {
             put_u64(&mut r, at, hostile_u64(rng)); // completed_at
         }
         4 => {
-            let v: u32 = [2, 3, u32::MAX, rng.gen()][rng.gen_range(0..4)];
+            let v: u32 = [2, 3, u32::MAX, rng.random()][rng.random_range(0..4)];
             r[VARIANT..VARIANT + 4].copy_from_slice(&v.to_le_bytes());
         }
         5 if completed => {
-            let s: u16 = [0, 99, 600, u16::MAX][rng.gen_range(0..4)];
+            let s: u16 = [0, 99, 600, u16::MAX][rng.random_range(0..4)];
             r[AFTER_VARIANT..AFTER_VARIANT + 2].copy_from_slice(&s.to_le_bytes());
         }
         6 if completed => {
             let len = u64::from_le_bytes(r[BODY_LEN..BODY_LEN + 8].try_into().unwrap());
-            let v = [u64::MAX, len + 1, len.saturating_sub(1), 1 << 40][rng.gen_range(0..4)];
+            let v = [u64::MAX, len + 1, len.saturating_sub(1), 1 << 40][rng.random_range(0..4)];
             put_u64(&mut r, BODY_LEN, v);
         }
-        7 => r.truncate(rng.gen_range(0..r.len())),
-        8 => r.extend((0..rng.gen_range(1..16)).map(|_| rng.gen::<u8>())),
-        9 => r[0] = [0, 2, 255][rng.gen_range(0..3)],
+        7 => r.truncate(rng.random_range(0..r.len())),
+        8 => r.extend((0..rng.random_range(1..16)).map(|_| rng.random::<u8>())),
+        9 => r[0] = [0, 2, 255][rng.random_range(0..3)],
         10 if completed => {
             let at = r.len() - 4;
-            let v: u32 = [2, u32::MAX][rng.gen_range(0..2)];
+            let v: u32 = [2, u32::MAX][rng.random_range(0..2)];
             r[at..].copy_from_slice(&v.to_le_bytes());
         }
         10 => r[VARIANT] = 7,
         _ => {
-            let i = rng.gen_range(0..r.len());
-            r[i] ^= 1 << rng.gen_range(0..8);
+            let i = rng.random_range(0..r.len());
+            r[i] ^= 1 << rng.random_range(0..8);
         }
     }
     r

@@ -6,7 +6,7 @@
 //! blocks (valid WAIT and BLOCK values become 0).
 
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::RngExt;
 
 use super::dump::{self, Dump};
 
@@ -113,7 +113,7 @@ impl Gen {
     }
 
     fn pick<'a>(&mut self, v: &'a [String]) -> &'a [u8] {
-        v[self.rng.gen_range(0..v.len())].as_bytes()
+        v[self.rng.random_range(0..v.len())].as_bytes()
     }
 
     fn own_key(&mut self) -> Vec<u8> {
@@ -125,7 +125,7 @@ impl Gen {
 
     /// Any key an IDEM.* command may name.
     fn idem_key(&mut self) -> Vec<u8> {
-        match self.rng.gen_range(0..10) {
+        match self.rng.random_range(0..10) {
             0..=5 => self.own_key(),
             6 => {
                 let o = std::mem::take(&mut self.others);
@@ -144,13 +144,13 @@ impl Gen {
     }
 
     fn junk(&mut self) -> Vec<u8> {
-        let n = [0, 1, 3, 17, 100][self.rng.gen_range(0..5)];
-        (0..n).map(|_| self.rng.gen()).collect()
+        let n = [0, 1, 3, 17, 100][self.rng.random_range(0..5)];
+        (0..n).map(|_| self.rng.random()).collect()
     }
 
     /// `usual` with probability `p`, else what `other` makes.
     fn mostly(&mut self, p: f64, usual: &[u8], other: fn(&mut Gen) -> Vec<u8>) -> Vec<u8> {
-        if self.rng.gen_bool(p) {
+        if self.rng.random_bool(p) {
             usual.to_vec()
         } else {
             other(self)
@@ -158,10 +158,10 @@ impl Gen {
     }
 
     fn number(&mut self) -> Vec<u8> {
-        match self.rng.gen_range(0..10) {
-            0..=5 => NUMBERS[self.rng.gen_range(0..NUMBERS.len())].into(),
-            6 => self.rng.gen::<u64>().to_string().into(),
-            7 => self.rng.gen_range(0..1000u64).to_string().into(),
+        match self.rng.random_range(0..10) {
+            0..=5 => NUMBERS[self.rng.random_range(0..NUMBERS.len())].into(),
+            6 => self.rng.random::<u64>().to_string().into(),
+            7 => self.rng.random_range(0..1000u64).to_string().into(),
             8 => self.token(),
             _ => self.junk(),
         }
@@ -169,21 +169,21 @@ impl Gen {
 
     /// A token: mostly one the storm was given, else any number.
     fn token(&mut self) -> Vec<u8> {
-        if !self.tokens.is_empty() && self.rng.gen_bool(0.7) {
-            let t = self.tokens[self.rng.gen_range(0..self.tokens.len())].1;
-            let t = match self.rng.gen_range(0..4) {
+        if !self.tokens.is_empty() && self.rng.random_bool(0.7) {
+            let t = self.tokens[self.rng.random_range(0..self.tokens.len())].1;
+            let t = match self.rng.random_range(0..4) {
                 0 => t.wrapping_add(1),
                 1 => t.wrapping_sub(1),
                 _ => t,
             };
             t.to_string().into()
         } else {
-            NUMBERS[self.rng.gen_range(0..NUMBERS.len())].into()
+            NUMBERS[self.rng.random_range(0..NUMBERS.len())].into()
         }
     }
 
     fn word(&mut self, w: &str) -> Vec<u8> {
-        match self.rng.gen_range(0..3) {
+        match self.rng.random_range(0..3) {
             0 => w.to_lowercase().into(),
             _ => w.into(),
         }
@@ -192,28 +192,28 @@ impl Gen {
     /// Options in random order, each followed by a value (or not).
     fn options(&mut self, names: &[&str]) -> Args {
         let mut out = Args::new();
-        for _ in 0..self.rng.gen_range(0..4) {
-            let name = if self.rng.gen_bool(0.9) {
-                names[self.rng.gen_range(0..names.len())]
+        for _ in 0..self.rng.random_range(0..4) {
+            let name = if self.rng.random_bool(0.9) {
+                names[self.rng.random_range(0..names.len())]
             } else {
-                OPTIONS[self.rng.gen_range(0..OPTIONS.len())]
+                OPTIONS[self.rng.random_range(0..OPTIONS.len())]
             };
             out.push(self.word(name));
             match name {
                 "HEADER" => {
                     let (n, v) = (self.junk(), self.junk());
-                    out.push(if self.rng.gen_bool(0.9) {
+                    out.push(if self.rng.random_bool(0.9) {
                         b"h".to_vec()
                     } else {
                         n
                     });
-                    if self.rng.gen_bool(0.95) {
+                    if self.rng.random_bool(0.95) {
                         out.push(v);
                     }
                 }
                 "MIRRORED" => {}
                 _ => {
-                    if self.rng.gen_bool(0.95) {
+                    if self.rng.random_bool(0.95) {
                         out.push(self.number());
                     }
                 }
@@ -223,13 +223,13 @@ impl Gen {
     }
 
     fn body(&mut self) -> Vec<u8> {
-        let n = [0, 5, 200, 3000][self.rng.gen_range(0..4)];
-        (0..n).map(|_| self.rng.gen()).collect()
+        let n = [0, 5, 200, 3000][self.rng.random_range(0..4)];
+        (0..n).map(|_| self.rng.random()).collect()
     }
 
     /// A (mostly malformed) IDEM.* command.
     pub fn idem(&mut self) -> Args {
-        let name = IDEM[self.rng.gen_range(0..IDEM.len())];
+        let name = IDEM[self.rng.random_range(0..IDEM.len())];
         let mut a: Args = vec![self.word(name)];
         let key = self.idem_key();
         match name {
@@ -266,18 +266,18 @@ impl Gen {
             }
         }
         // Random arity: drop, duplicate or append arguments.
-        match self.rng.gen_range(0..8) {
+        match self.rng.random_range(0..8) {
             0 if a.len() > 1 => {
-                let i = self.rng.gen_range(1..a.len());
+                let i = self.rng.random_range(1..a.len());
                 a.remove(i);
             }
             1 => {
-                let i = self.rng.gen_range(1..a.len().max(2));
+                let i = self.rng.random_range(1..a.len().max(2));
                 let dup = a[i.min(a.len() - 1)].clone();
                 a.insert(i.min(a.len()), dup);
             }
             2 => a.push(self.junk()),
-            3 => a.truncate(self.rng.gen_range(1..=a.len())),
+            3 => a.truncate(self.rng.random_range(1..=a.len())),
             _ => {}
         }
         cap_blocking(&mut a);
@@ -288,21 +288,21 @@ impl Gen {
     /// from the reply), or a valid follow-up on a storm key.
     pub fn valid(&mut self) -> Args {
         let (key, token) = match self.tokens.len() {
-            n if n > 0 && self.rng.gen_bool(0.8) => {
+            n if n > 0 && self.rng.random_bool(0.8) => {
                 // One of the latest holders.
-                let (k, t) = self.tokens[self.rng.gen_range(n.saturating_sub(8)..n)].clone();
+                let (k, t) = self.tokens[self.rng.random_range(n.saturating_sub(8)..n)].clone();
                 (k, t.to_string().into_bytes())
             }
             _ => (self.own_key(), self.token()),
         };
-        match self.rng.gen_range(0..5) {
+        match self.rng.random_range(0..5) {
             0 | 1 => vec![
                 b"IDEM.BEGIN".to_vec(),
                 key,
                 b"fp".to_vec(),
                 b"600".to_vec(),
                 b"LEASE".to_vec(),
-                self.rng.gen_range(1..200u64).to_string().into(),
+                self.rng.random_range(1..200u64).to_string().into(),
             ],
             2 => {
                 let body = self.body();
@@ -330,7 +330,7 @@ impl Gen {
             Some(ms) if ms > 315_360_000_000 => b"315360000000".to_vec(),
             _ => n.clone(),
         };
-        let v: Vec<&[u8]> = match self.rng.gen_range(0..16) {
+        let v: Vec<&[u8]> = match self.rng.random_range(0..16) {
             0 => vec![b"SET", &ok, b"value"],
             1 => vec![b"HSET", &ok, b"f", b"v"],
             2 => vec![b"LPUSH", &ok, b"x"],
@@ -354,16 +354,16 @@ impl Gen {
     /// RESTORE of a forged, a genuine or a junk payload onto a storm key.
     pub fn restore(&mut self) -> Args {
         let key = self.own_key();
-        let payload = match self.rng.gen_range(0..10) {
+        let payload = match self.rng.random_range(0..10) {
             0 => self.junk(),
             1 => {
-                let d = &self.dumps[self.rng.gen_range(0..self.dumps.len())];
+                let d = &self.dumps[self.rng.random_range(0..self.dumps.len())];
                 d.build(&d.record.clone())
             }
             _ => {
-                let d = self.dumps[self.rng.gen_range(0..self.dumps.len())].clone();
+                let d = self.dumps[self.rng.random_range(0..self.dumps.len())].clone();
                 let mut r = d.record.clone();
-                for _ in 0..self.rng.gen_range(1..3) {
+                for _ in 0..self.rng.random_range(1..3) {
                     r = dump::mutate(&r, &mut self.rng, self.forge_fields);
                 }
                 d.build(&r)
@@ -380,11 +380,11 @@ impl Gen {
 
     /// MULTI ... EXEC around a few commands.
     pub fn multi(&mut self) -> Item {
-        let n = self.rng.gen_range(1..5);
+        let n = self.rng.random_range(1..5);
         Item::Multi(
             (0..n)
                 .map(|_| {
-                    if self.rng.gen_bool(0.5) {
+                    if self.rng.random_bool(0.5) {
                         self.valid()
                     } else {
                         self.idem()
@@ -396,12 +396,12 @@ impl Gen {
 
     /// An IDEM.* command run from Lua (`redis.call` or `redis.pcall`).
     pub fn lua(&mut self) -> Args {
-        let inner = if self.rng.gen_bool(0.5) {
+        let inner = if self.rng.random_bool(0.5) {
             self.valid()
         } else {
             self.idem()
         };
-        let call = if self.rng.gen_bool(0.5) {
+        let call = if self.rng.random_bool(0.5) {
             "call"
         } else {
             "pcall"
@@ -420,8 +420,8 @@ impl Gen {
         vec![
             b"CONFIG".to_vec(),
             b"SET".to_vec(),
-            CONFIGS[self.rng.gen_range(0..CONFIGS.len())].into(),
-            CONFIG_VALUES[self.rng.gen_range(0..CONFIG_VALUES.len())].into(),
+            CONFIGS[self.rng.random_range(0..CONFIGS.len())].into(),
+            CONFIG_VALUES[self.rng.random_range(0..CONFIG_VALUES.len())].into(),
         ]
     }
 }

@@ -63,8 +63,9 @@ impl IdemClient<ConnectionManager> {
         // client's call timeout already.
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_number_of_retries(2)
-            .set_max_delay(1000)
-            .set_connection_timeout(DEFAULT_CALL_TIMEOUT);
+            .set_max_delay(Duration::from_secs(1))
+            .set_connection_timeout(Some(DEFAULT_CALL_TIMEOUT))
+            .set_response_timeout(None);
         let manager = ConnectionManager::new_with_config(client.clone(), config).await?;
         let wait = DedicatedConnections::standalone(client);
         Ok(IdemClient::new(manager).with_wait_connections(Arc::new(wait)))
@@ -261,7 +262,7 @@ mod tests {
             .args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => b.to_vec(),
-                redis::Arg::Cursor => Vec::new(),
+                _ => Vec::new(),
             })
             .collect();
         let expected: Vec<&[u8]> = vec![

@@ -123,7 +123,7 @@ impl From<tokio_postgres::Error> for IdemError {
 }
 
 fn is_unavailability(err: &redis::RedisError) -> bool {
-    use redis::ErrorKind;
+    use redis::{ErrorKind, ServerErrorKind};
     err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()
@@ -131,12 +131,13 @@ fn is_unavailability(err: &redis::RedisError) -> bool {
         || err.is_unrecoverable_error()
         || matches!(
             err.kind(),
-            ErrorKind::ClusterDown
-                | ErrorKind::MasterDown
-                | ErrorKind::TryAgain
-                | ErrorKind::BusyLoadingError
-                | ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::ReadOnly
+            ErrorKind::Server(
+                ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::ReadOnly
+            ) | ErrorKind::ClusterConnectionNotFound
         )
 }
 
@@ -196,7 +197,10 @@ mod tests {
 
     #[test]
     fn busy_loading_is_unavailability() {
-        let err = redis::RedisError::from((redis::ErrorKind::BusyLoadingError, "loading"));
+        let err = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading),
+            "loading",
+        ));
         assert!(IdemError::from(err).is_unavailable());
     }
 

@@ -40,7 +40,8 @@ impl DedicatedConnections<MultiplexedConnection> {
             let client = client.clone();
             Box::pin(async move {
                 let config = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(DEFAULT_CALL_TIMEOUT);
+                    .set_connection_timeout(Some(DEFAULT_CALL_TIMEOUT))
+                    .set_response_timeout(None);
                 client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await

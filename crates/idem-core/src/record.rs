@@ -2,8 +2,6 @@
 
 use std::ops::RangeInclusive;
 
-use serde::{Deserialize, Serialize};
-
 use crate::Error;
 
 /// `expires_at` of a record whose key has no TTL (after `PERSIST`).
@@ -20,7 +18,7 @@ pub const STATUS_RANGE: RangeInclusive<u16> = 100..=599;
 pub const RESPONSE_LIMIT: u64 = 512 * 1024 * 1024;
 
 /// One idempotency key's record. Times are Unix milliseconds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// SHA-256 of the request fingerprint the key was first used with.
     pub fingerprint: [u8; 32],
@@ -33,7 +31,7 @@ pub struct Record {
     pub state: State,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
     /// A holder is running the business logic until `lease_until`.
     InProgress {
@@ -43,7 +41,7 @@ pub enum State {
 }
 
 /// The stored response of a completed record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completed {
     pub status: u16,
     pub body: Vec<u8>,
@@ -65,14 +63,14 @@ impl Completed {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     pub name: Vec<u8>,
     pub value: Vec<u8>,
 }
 
 /// Whether the Postgres mirror still has to receive this record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MirrorState {
     Pending,
     Mirrored,

@@ -193,9 +193,12 @@ impl RedisServer {
             .expect("connect to redis-server")
     }
 
+    /// A multiplexed connection without a response timeout (tests send
+    /// blocking commands on it).
     pub async fn async_conn(&self) -> redis::aio::MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
         self.client()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .expect("connect to redis-server")
     }

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use idem_testkit::{PgDatabase, RedisConfig, RedisServer};
 use idem_writer::store::{upsert_records, UPSERT_SQL};
 use idem_writer::{MirrorRecord, WriterConfig};
-use rand::Rng;
+use rand::RngExt;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use sha2::{Digest, Sha256};
@@ -177,7 +177,7 @@ async fn complete_keys(
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as i64;
     let mut complete = redis::pipe();
     let mut records = Vec::with_capacity(keys.len());
-    let mut rng = rand::thread_rng();
+    let mut rng = rand::rng();
     for (key, reply) in keys.iter().zip(replies) {
         let token = match &reply {
             Value::Array(items) => match items.as_slice() {
@@ -186,7 +186,7 @@ async fn complete_keys(
             },
             _ => anyhow::bail!("BEGIN {key}: {reply:?}"),
         };
-        let body: Vec<u8> = (0..body_bytes).map(|_| rng.gen()).collect();
+        let body: Vec<u8> = (0..body_bytes).map(|_| rng.random()).collect();
         complete
             .cmd("IDEM.COMPLETE")
             .arg(key)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ impl Backoff {
     pub fn next_delay(&mut self) -> Duration {
         let step = self.next;
         self.next = (self.next * 2).min(self.max);
-        step.mul_f64(rand::thread_rng().gen_range(0.5..=1.5))
+        step.mul_f64(rand::rng().random_range(0.5..=1.5))
             .min(self.max)
     }
 

@@ -41,10 +41,10 @@ impl ClusterDiscovery {
             .collect::<Result<Vec<_>>>()?;
         for seed in &seeds {
             ensure_config(
-                seed.redis.db == 0,
+                seed.redis_settings().db() == 0,
                 format!(
                     "Redis Cluster has only database 0 (seed URL names database {})",
-                    seed.redis.db
+                    seed.redis_settings().db()
                 ),
             )?;
             with_address(seed, "check", 1)?;
@@ -61,7 +61,7 @@ impl ClusterDiscovery {
     pub async fn primaries(&mut self) -> Result<Vec<Target>> {
         let mut asked: Vec<ConnectionInfo> = Vec::new();
         for info in self.seeds.iter().chain(&self.known) {
-            if !asked.iter().any(|a| a.addr == info.addr) {
+            if !asked.iter().any(|a| a.addr() == info.addr()) {
                 asked.push(info.clone());
             }
         }
@@ -82,7 +82,7 @@ impl ClusterDiscovery {
             .iter()
             .map(address)
             .filter(|info| match info {
-                Ok(info) => !asked.iter().any(|a| a.addr == info.addr),
+                Ok(info) => !asked.iter().any(|a| a.addr() == info.addr()),
                 Err(_) => true,
             })
             .collect::<Result<Vec<_>>>()?;
@@ -120,7 +120,7 @@ async fn ask_all(
             .and_then(|v| parse_cluster_nodes(&v, host_of(info).unwrap_or_default()))
         {
             Ok(view) => views.push(view),
-            Err(error) => failures.push(format!("{}: {}", info.addr, error.report())),
+            Err(error) => failures.push(format!("{}: {}", info.addr(), error.report())),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem_core::args::duration_ms;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, ServerErrorKind, Value};
 
 use crate::error::{Error, Result};
 use crate::target::Target;
@@ -29,8 +29,8 @@ impl RedisNode {
             .map_err(|e| Error::Config(format!("invalid Redis address {}: {e}", target.label)))?;
         let label = target.label.clone();
         let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(CONNECT_TIMEOUT)
-            .set_response_timeout(block + RESPONSE_SLACK);
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(block + RESPONSE_SLACK));
         Ok(RedisNode {
             client,
             label,
@@ -55,7 +55,7 @@ impl RedisNode {
         }
         self.conn
             .as_mut()
-            .ok_or_else(|| redis::RedisError::from((redis::ErrorKind::IoError, "not connected")))
+            .ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Io, "not connected")))
     }
 
     /// Connects when not connected.
@@ -115,12 +115,17 @@ impl RedisNode {
                 superseded: replies.iter().filter(|r| **r != 1).count(),
                 ..Acked::default()
             }),
-            Err(e) if e.kind() == ErrorKind::ReadOnly => Ok(Acked {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => Ok(Acked {
                 demoted: true,
                 ..Acked::default()
             }),
             // The pipeline's first error hides the other replies: one by one.
-            Err(e) if matches!(e.kind(), ErrorKind::Moved | ErrorKind::Ask) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+                ) =>
+            {
                 self.ack_each(acks).await
             }
             Err(e) => Err(e),
@@ -139,8 +144,15 @@ impl RedisNode {
             match result {
                 Ok(1) => {}
                 Ok(_) => acked.superseded += 1,
-                Err(e) if matches!(e.kind(), ErrorKind::Moved | ErrorKind::Ask) => acked.moved += 1,
-                Err(e) if e.kind() == ErrorKind::ReadOnly => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+                    ) =>
+                {
+                    acked.moved += 1
+                }
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {
                     acked.demoted = true;
                     return Ok(acked);
                 }

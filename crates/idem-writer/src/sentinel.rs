@@ -52,7 +52,7 @@ impl SentinelDiscovery {
         for sentinel in &self.sentinels {
             match self.ask(sentinel).await {
                 Ok(target) => return Ok(target),
-                Err(error) => failures.push(format!("{}: {}", sentinel.addr, error.report())),
+                Err(error) => failures.push(format!("{}: {}", sentinel.addr(), error.report())),
             }
         }
         Err(Error::Topology(format!(
@@ -106,7 +106,7 @@ impl SentinelDiscovery {
             for sentinel in sentinels.iter().cycle() {
                 tokio::select! {
                     result = follow_switches(sentinel, &service_name, &changed) => {
-                        debug!(sentinel = %sentinel.addr, ?result, "Sentinel subscription ended");
+                        debug!(sentinel = %sentinel.addr(), ?result, "Sentinel subscription ended");
                         if result.is_ok() {
                             backoff.reset(); // it was subscribed: not a failing sentinel
                         }
@@ -164,7 +164,7 @@ mod tests {
     #[test]
     fn checks_its_settings() {
         let ok = SentinelDiscovery::new(&["redis://s1:26379".into()], "idem", "redis://_/2");
-        assert_eq!(ok.unwrap().template.redis.db, 2);
+        assert_eq!(ok.unwrap().template.redis_settings().db(), 2);
         assert!(SentinelDiscovery::new(&[], "idem", "redis://_/0").is_err());
         assert!(
             SentinelDiscovery::new(&["redis://s1".into()], "two words", "redis://_/0").is_err()

@@ -24,7 +24,7 @@ pub struct Target {
 impl Target {
     pub fn new(info: ConnectionInfo) -> Self {
         Target {
-            label: format!("{}/{}", info.addr, info.redis.db),
+            label: format!("{}/{}", info.addr(), info.redis_settings().db()),
             info,
         }
     }
@@ -38,7 +38,7 @@ pub fn parse_url(url: &str) -> Result<ConnectionInfo> {
 
 /// `template` (scheme, TLS settings, credentials, database) at `host:port`.
 pub fn with_address(template: &ConnectionInfo, host: &str, port: u16) -> Result<ConnectionInfo> {
-    let addr = match &template.addr {
+    let addr = match template.addr() {
         ConnectionAddr::Tcp(_, _) => ConnectionAddr::Tcp(host.to_string(), port),
         ConnectionAddr::TcpTls {
             insecure,
@@ -50,23 +50,20 @@ pub fn with_address(template: &ConnectionInfo, host: &str, port: u16) -> Result<
             insecure: *insecure,
             tls_params: tls_params.clone(),
         },
-        ConnectionAddr::Unix(_) => {
+        _ => {
             return Err(Error::Config(
                 "a unix socket URL cannot name other nodes; use redis:// or rediss://".to_string(),
             ))
         }
     };
-    Ok(ConnectionInfo {
-        addr,
-        redis: template.redis.clone(),
-    })
+    Ok(template.clone().set_addr(addr))
 }
 
 /// The host of a TCP address (`None` for a unix socket).
 pub fn host_of(info: &ConnectionInfo) -> Option<&str> {
-    match &info.addr {
+    match info.addr() {
         ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => Some(host),
-        ConnectionAddr::Unix(_) => None,
+        _ => None,
     }
 }
 
@@ -75,8 +72,8 @@ pub fn host_of(info: &ConnectionInfo) -> Option<&str> {
 pub async fn query_once(info: &ConnectionInfo, cmd: &redis::Cmd) -> RedisResult<Value> {
     let client = Client::open(info.clone())?;
     let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(QUERY_TIMEOUT)
-        .set_response_timeout(QUERY_TIMEOUT);
+        .set_connection_timeout(Some(QUERY_TIMEOUT))
+        .set_response_timeout(Some(QUERY_TIMEOUT));
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
@@ -112,9 +109,9 @@ mod tests {
     fn another_address_keeps_credentials_and_database() {
         let template = parse_url("redis://app:pw@seed:7000/0").unwrap();
         let info = with_address(&template, "10.0.0.9", 7005).unwrap();
-        assert_eq!(info.addr, ConnectionAddr::Tcp("10.0.0.9".into(), 7005));
-        assert_eq!(info.redis.username.as_deref(), Some("app"));
-        assert_eq!(info.redis.password.as_deref(), Some("pw"));
+        assert_eq!(info.addr(), &ConnectionAddr::Tcp("10.0.0.9".into(), 7005));
+        assert_eq!(info.redis_settings().username(), Some("app"));
+        assert_eq!(info.redis_settings().password(), Some("pw"));
         assert_eq!(Target::new(info).label, "10.0.0.9:7005/0");
         let unix = parse_url("unix:///run/redis.sock").unwrap();
         assert!(with_address(&unix, "h", 1).is_err());

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use idem_testkit::{PgDatabase, RedisServer};
-use rand::Rng;
+use rand::RngExt;
 
 const TOTAL: usize = 50_000;
 const CHUNK: usize = 500;
@@ -33,7 +33,7 @@ async fn every_completion_is_mirrored_across_writer_crashes() {
     let mut writer = WriterProcess::start(&urls, &db.url, &["--batch-size", "400"]);
     let mut kills = 0;
     while !generator.is_finished() || kills < 8 {
-        let pause = rand::thread_rng().gen_range(100..600);
+        let pause = rand::rng().random_range(100..600);
         tokio::time::sleep(Duration::from_millis(pause)).await;
         writer.kill();
         kills += 1;

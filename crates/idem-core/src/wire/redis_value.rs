@@ -1,7 +1,7 @@
 //! `redis::FromRedisValue` for the reply types (feature `redis`), through
 //! `Frame`, so redis-rs users read replies with the same code as the tests.
 
-use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, Value};
+use redis::{FromRedisValue, ParsingError, Value};
 
 use super::{parse_pull_batch, parse_record, BeginReply, Frame, PulledRecord, WireError};
 use crate::Record;
@@ -29,36 +29,35 @@ impl From<&Value> for Frame {
     }
 }
 
-fn type_error(e: WireError) -> RedisError {
-    RedisError::from((ErrorKind::TypeError, "idem reply", e.to_string()))
+fn type_error(e: WireError) -> ParsingError {
+    ParsingError::from(format!("idem reply: {e}"))
 }
 
-impl FromRedisValue for BeginReply {
-    fn from_redis_value(v: &Value) -> RedisResult<Self> {
-        BeginReply::parse(&Frame::from(v)).map_err(type_error)
-    }
+/// `FromRedisValue` for a reply type, parsed from the value's `Frame`.
+macro_rules! from_frame {
+    ($ty:ty, $parse:expr) => {
+        impl FromRedisValue for $ty {
+            fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+                Self::from_redis_value_ref(&v)
+            }
+
+            fn from_redis_value_ref(v: &Value) -> Result<Self, ParsingError> {
+                $parse(&Frame::from(v)).map_err(type_error)
+            }
+        }
+    };
 }
+
+from_frame!(BeginReply, BeginReply::parse);
 
 /// An `IDEM.GET` reply (nil or a record).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GetReply(pub Option<Record>);
 
-impl FromRedisValue for GetReply {
-    fn from_redis_value(v: &Value) -> RedisResult<Self> {
-        parse_record(&Frame::from(v))
-            .map(GetReply)
-            .map_err(type_error)
-    }
-}
+from_frame!(GetReply, |f| parse_record(f).map(GetReply));
 
 /// An `IDEM.MIRROR.PULL` reply, each entry parsed on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullReply(pub Vec<Result<PulledRecord, WireError>>);
 
-impl FromRedisValue for PullReply {
-    fn from_redis_value(v: &Value) -> RedisResult<Self> {
-        parse_pull_batch(&Frame::from(v))
-            .map(PullReply)
-            .map_err(type_error)
-    }
-}
+from_frame!(PullReply, |f| parse_pull_batch(f).map(PullReply));

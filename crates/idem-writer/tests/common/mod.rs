@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem_core::wire::{BeginReply, Frame};
 use idem_core::Record;
-use rand::Rng;
+use rand::RngExt;
 use redis::Value;
 use sha2::{Digest, Sha256};
 
@@ -74,11 +74,11 @@ pub fn try_complete_keys(
     ttl_secs: u64,
     wait: Option<(u32, u64)>,
 ) -> redis::RedisResult<(Vec<Completion>, i64)> {
-    let mut rng = rand::thread_rng();
+    let mut rng = rand::rng();
     let mut begin = redis::pipe();
     let fingerprints: Vec<Vec<u8>> = keys
         .iter()
-        .map(|k| format!("POST /payments {k} {}", rng.gen::<u32>()).into_bytes())
+        .map(|k| format!("POST /payments {k} {}", rng.random::<u32>()).into_bytes())
         .collect();
     for (key, fp) in keys.iter().zip(&fingerprints) {
         begin.cmd("IDEM.BEGIN").arg(key).arg(fp).arg(ttl_secs);
@@ -88,10 +88,10 @@ pub fn try_complete_keys(
     let mut done = Vec::with_capacity(keys.len());
     for ((key, fp), reply) in keys.iter().zip(&fingerprints).zip(replies) {
         let token = new_token(&reply).unwrap_or_else(|| panic!("BEGIN {key}: {reply:?}"));
-        let status = [200, 201, 202, 400, 404, 409, 422, 500][rng.gen_range(0..8)];
-        let body_len = rng.gen_range(0..600);
-        let body: Vec<u8> = (0..body_len).map(|_| rng.gen()).collect();
-        let header_pairs = rng.gen_range(0..=2);
+        let status = [200, 201, 202, 400, 404, 409, 422, 500][rng.random_range(0..8)];
+        let body_len = rng.random_range(0..600);
+        let body: Vec<u8> = (0..body_len).map(|_| rng.random()).collect();
+        let header_pairs = rng.random_range(0..=2);
         let mut headers = Vec::new();
         let cmd = complete
             .cmd("IDEM.COMPLETE")
@@ -101,7 +101,7 @@ pub fn try_complete_keys(
             .arg(&body);
         for h in 0..header_pairs {
             let name = format!("x-h{h}").into_bytes();
-            let value: Vec<u8> = (0..rng.gen_range(1..40)).map(|_| rng.gen()).collect();
+            let value: Vec<u8> = (0..rng.random_range(1..40)).map(|_| rng.random()).collect();
             cmd.arg("HEADER").arg(&name).arg(&value);
             headers.push(name);
             headers.push(value);
