@@ -7,7 +7,7 @@ use idem_core::{args, Error};
 
 use crate::ffi::acl::{self, KeyAccess};
 use crate::ffi::call::{create_command, entry_point, Call, EntryPoint};
-use crate::ffi::ctx::{now_ms, Ctx};
+use crate::ffi::ctx::{now_ms, out_of_memory, Ctx};
 use crate::ffi::key::Key;
 use crate::{config, effects, mirror, stats, waiters, TOKENS};
 
@@ -26,7 +26,9 @@ const COMMANDS: &[(&str, EntryPoint, &str, Option<KeyAccess>, &str)] = &[
     (
         "IDEM.BEGIN",
         begin_cmd,
-        "write deny-oom",
+        // Not `deny-oom`: a replay, 409 or 422 allocates nothing and still
+        // answers at `maxmemory`; only a new record is refused (`begin`).
+        "write",
         Some(KeyAccess::ReadWrite),
         "write",
     ),
@@ -87,6 +89,9 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
 fn begin(call: &Call) -> Result<(), Error> {
     let req = args::begin(&call.args, &config::limits())?;
     let mut key = Key::open(call.ctx, call.key());
+    if key.record()?.is_none() && out_of_memory() {
+        return Err(Error::Oom);
+    }
     let outcome = engine::begin(key.record()?, &req, now_ms, &mut TOKENS.lock());
     let mut reply = call.ctx.reply();
     match outcome {

@@ -1,5 +1,6 @@
-//! `maxmemory` with `noeviction`, reached by real records: BEGIN and
-//! COMPLETE get a clean OOM error and write nothing (no key, no half record,
+//! `maxmemory` with `noeviction`, reached by real records: BEGIN of a new
+//! key and COMPLETE get a clean OOM error and write nothing; replays, 409s and
+//! 422s still answer (no key, no half record,
 //! same TTL), also inside MULTI and Lua; holders can still TOUCH and ABORT,
 //! the mirror can still PULL and ACK, a blocked waiter is answered once; and
 //! everything works again once memory is available.
@@ -109,6 +110,25 @@ fn deny_oom_refuses_growth_cleanly_and_lets_holders_and_the_mirror_finish() {
     );
     assert!(code == "OOM" || msg.contains("OOM"), "{msg}");
     assert_eq!(digest(&mut c), digest_before, "an OOM error changed data");
+    // A replay, 409 and 422 allocate nothing: they still answer (BEGIN is
+    // not `deny-oom`; only a new record is refused).
+    assert!(matches!(
+        begin(&mut c, "done", "fp", 600),
+        Outcome::Replay { .. }
+    ));
+    assert!(matches!(
+        begin(&mut c, "held", "fp", 600),
+        Outcome::InFlight(_)
+    ));
+    assert!(matches!(
+        begin(&mut c, "done", "other", 600),
+        Outcome::Mismatch
+    ));
+    assert_eq!(
+        digest(&mut c),
+        digest_before,
+        "answers at maxmemory changed data"
+    );
     assert_eq!(
         (
             get(&mut c, "held"),

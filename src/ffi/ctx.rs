@@ -202,6 +202,13 @@ pub fn writes_paused() -> bool {
     unsafe { api!(RedisModule_AvoidReplicaTraffic)() != 0 }
 }
 
+/// True when used memory (less replication and AOF buffers) is above
+/// `maxmemory`: what makes Redis refuse a `deny-oom` command.
+pub fn out_of_memory() -> bool {
+    // SAFETY: no arguments; 0 when no `maxmemory` is set.
+    unsafe { api!(RedisModule_GetUsedMemoryRatio)() > 1.0 }
+}
+
 /// Writes a warning to the server log.
 pub fn log_warning(msg: &str) {
     let Ok(msg) = CString::new(msg.replace('\0', " ")) else {

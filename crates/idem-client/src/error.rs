@@ -32,6 +32,10 @@ pub enum IdemError {
     /// `NOPERM`: the connection's ACL user may not run the command.
     #[error("NOPERM: {0}")]
     NoPerm(String),
+    /// `OOM`: Redis is above `maxmemory`; `IDEM.BEGIN` creates no new record
+    /// (replays and in-flight answers still work), `IDEM.COMPLETE` stores nothing.
+    #[error("OOM: {0}")]
+    Oom(String),
     /// `INTERNAL`: the module caught a bug at its command boundary.
     #[error("INTERNAL: {0}")]
     Internal(String),
@@ -74,6 +78,7 @@ impl IdemError {
             IdemError::WrongType(_) => ErrorCode::WrongType,
             IdemError::Corrupt(_) => ErrorCode::Corrupt,
             IdemError::NoPerm(_) => ErrorCode::NoPerm,
+            IdemError::Oom(_) => ErrorCode::Oom,
             IdemError::Internal(_) => ErrorCode::Internal,
             _ => return None,
         })
@@ -97,6 +102,7 @@ impl From<redis::RedisError> for IdemError {
                 ErrorCode::WrongType => IdemError::WrongType(detail),
                 ErrorCode::Corrupt => IdemError::Corrupt(detail),
                 ErrorCode::NoPerm => IdemError::NoPerm(detail),
+                ErrorCode::Oom => IdemError::Oom(detail),
                 ErrorCode::Internal => IdemError::Internal(detail),
             };
         }

@@ -24,6 +24,8 @@ pub enum Error {
     Corrupt(String),
     /// An internal command called by a client.
     NoPerm(String),
+    /// A new record while used memory is above `maxmemory`.
+    Oom,
     /// A panic was caught at the command boundary.
     Internal(String),
 }
@@ -44,6 +46,7 @@ impl Error {
             Error::WrongType => ErrorCode::WrongType,
             Error::Corrupt(_) => ErrorCode::Corrupt,
             Error::NoPerm(_) => ErrorCode::NoPerm,
+            Error::Oom => ErrorCode::Oom,
             Error::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -63,6 +66,10 @@ impl fmt::Display for Error {
             Error::WrongType => write!(
                 f,
                 "{code} Operation against a key holding the wrong kind of value"
+            ),
+            Error::Oom => write!(
+                f,
+                "{code} command not allowed when used memory > 'maxmemory'."
             ),
             Error::Corrupt(msg) | Error::NoPerm(msg) => write!(f, "{code} {msg}"),
             Error::Internal(msg) => write!(f, "{code} {msg}"),

@@ -14,11 +14,12 @@ pub enum ErrorCode {
     WrongType,
     Corrupt,
     NoPerm,
+    Oom,
     Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 9] = [
+    pub const ALL: [ErrorCode; 10] = [
         ErrorCode::BadArg,
         ErrorCode::Stale,
         ErrorCode::NotFound,
@@ -27,6 +28,7 @@ impl ErrorCode {
         ErrorCode::WrongType,
         ErrorCode::Corrupt,
         ErrorCode::NoPerm,
+        ErrorCode::Oom,
         ErrorCode::Internal,
     ];
 
@@ -40,12 +42,13 @@ impl ErrorCode {
             ErrorCode::WrongType => "WRONGTYPE",
             ErrorCode::Corrupt => "CORRUPT",
             ErrorCode::NoPerm => "NOPERM",
+            ErrorCode::Oom => "OOM",
             ErrorCode::Internal => "INTERNAL",
         }
     }
 
     /// The code of an error reply's text (`"STALE token is ..."`), if it is
-    /// one of the module's. `NOPERM` and `WRONGTYPE` are also Redis' own.
+    /// one of the module's. `NOPERM`, `OOM` and `WRONGTYPE` are also Redis' own.
     pub fn from_reply(text: &str) -> Option<ErrorCode> {
         text.split_whitespace().next()?.parse().ok()
     }
