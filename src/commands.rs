@@ -89,10 +89,11 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
 fn begin(call: &Call) -> Result<(), Error> {
     let req = args::begin(&call.args, &config::limits())?;
     let mut key = Key::open(call.ctx, call.key());
-    if key.record()?.is_none() && out_of_memory() {
+    let record = key.record()?;
+    if record.is_none() && out_of_memory() {
         return Err(Error::Oom);
     }
-    let outcome = engine::begin(key.record()?, &req, now_ms, &mut TOKENS.lock());
+    let outcome = engine::begin(record, &req, now_ms, &mut TOKENS.lock());
     let mut reply = call.ctx.reply();
     match outcome {
         Begin::Created(record) => {

@@ -17,22 +17,6 @@ use tokio_postgres::{Client, NoTls};
 
 const TTL: Duration = Duration::from_secs(3600);
 
-/// Runs a test body `async fn name(layout: TableLayout)` once per layout.
-macro_rules! both_layouts {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn unpartitioned() {
-                super::$name(idem_client::TableLayout::Unpartitioned).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn partitioned() {
-                super::$name(idem_client::TableLayout::Partitioned).await
-            }
-        }
-    };
-}
-
 fn writer_layout(layout: TableLayout) -> idem_writer::Layout {
     match layout {
         TableLayout::Unpartitioned => idem_writer::Layout::Unpartitioned,
@@ -136,7 +120,10 @@ async fn row(client: &Client, key: &str) -> Option<(String, i64, Option<i32>)> {
         .map(|r| (r.get(0), r.get(1), r.get(2)))
 }
 
-both_layouts!(concurrent_claims_commit_exactly_one_effect);
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    concurrent_claims_commit_exactly_one_effect
+);
 async fn concurrent_claims_commit_exactly_one_effect(layout: TableLayout) {
     let (db, client) = database(layout).await;
     for round in 0..5 {
@@ -182,7 +169,10 @@ async fn concurrent_claims_commit_exactly_one_effect(layout: TableLayout) {
     }
 }
 
-both_layouts!(an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key);
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key
+);
 async fn an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key(layout: TableLayout) {
     let (db, mut first) = database(layout).await;
     let mut second = db.connect().await;
@@ -208,7 +198,10 @@ async fn an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key(layo
     assert_eq!(effects(&second, "k").await, vec![20]);
 }
 
-both_layouts!(a_stale_token_never_commits_over_a_newer_one);
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    a_stale_token_never_commits_over_a_newer_one
+);
 async fn a_stale_token_never_commits_over_a_newer_one(layout: TableLayout) {
     let (db, mut client) = database(layout).await;
     let mut other = db.connect().await;
@@ -246,7 +239,10 @@ async fn a_stale_token_never_commits_over_a_newer_one(layout: TableLayout) {
     assert_eq!(effects(&client, "j").await, vec![40]);
 }
 
-both_layouts!(expired_rows_are_reused_and_mismatches_refused);
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    expired_rows_are_reused_and_mismatches_refused
+);
 async fn expired_rows_are_reused_and_mismatches_refused(layout: TableLayout) {
     let (_db, mut client) = database(layout).await;
     // Completed for another request, expired: reusable by a larger token.
@@ -305,7 +301,10 @@ fn mirror_record(key: &str, token: i64, fingerprint: &[u8]) -> MirrorRecord {
     }
 }
 
-both_layouts!(the_writer_upsert_and_cleanup_agree_with_fence_rows);
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    the_writer_upsert_and_cleanup_agree_with_fence_rows
+);
 async fn the_writer_upsert_and_cleanup_agree_with_fence_rows(layout: TableLayout) {
     let (db, mut client) = database(layout).await;
     let fence = new_fence(layout, "k", 20, b"fp", TTL);
@@ -360,7 +359,7 @@ async fn fence_commit_after_cleanup(tx: tokio_postgres::Transaction<'_>, fence: 
         .expect("commit");
 }
 
-both_layouts!(works_with_deadpool_transactions);
+idem_testkit::both_layouts!(idem_client::TableLayout, works_with_deadpool_transactions);
 async fn works_with_deadpool_transactions(layout: TableLayout) {
     let (db, _client) = database(layout).await;
     let config: tokio_postgres::Config = db.url.parse().unwrap();

@@ -31,22 +31,6 @@ fn pool(url: &str) -> Pool {
         .expect("pool")
 }
 
-/// Runs a test body `async fn name(layout: Layout)` once per layout.
-macro_rules! both_layouts {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test]
-            async fn unpartitioned() {
-                super::$name(idem_writer::Layout::Unpartitioned).await
-            }
-            #[tokio::test]
-            async fn partitioned() {
-                super::$name(idem_writer::Layout::Partitioned).await
-            }
-        }
-    };
-}
-
 async fn mirror_db(layout: Layout) -> (PgDatabase, Pool) {
     let db = PgDatabase::create();
     let mut client = db.connect().await;
@@ -96,7 +80,10 @@ fn expected_response() -> StoredResponse {
         .with_header("location", "/payments/9")
 }
 
-both_layouts!(a_key_only_the_mirror_knows_is_replayed_and_refilled);
+idem_testkit::both_layouts!(
+    idem_writer::Layout,
+    a_key_only_the_mirror_knows_is_replayed_and_refilled
+);
 async fn a_key_only_the_mirror_knows_is_replayed_and_refilled(layout: Layout) {
     let server = RedisServer::start();
     let (_db, pool) = mirror_db(layout).await;
@@ -130,7 +117,10 @@ async fn a_key_only_the_mirror_knows_is_replayed_and_refilled(layout: Layout) {
     assert_eq!(again, Outcome::Replay(expected_response()));
 }
 
-both_layouts!(another_fingerprint_is_a_mismatch_and_the_key_is_released);
+idem_testkit::both_layouts!(
+    idem_writer::Layout,
+    another_fingerprint_is_a_mismatch_and_the_key_is_released
+);
 async fn another_fingerprint_is_a_mismatch_and_the_key_is_released(layout: Layout) {
     let server = RedisServer::start();
     let (_db, pool) = mirror_db(layout).await;
@@ -147,7 +137,7 @@ async fn another_fingerprint_is_a_mismatch_and_the_key_is_released(layout: Layou
     assert_eq!(state_of(&mut conn, "lost").await, None);
 }
 
-both_layouts!(expired_or_absent_rows_mean_new);
+idem_testkit::both_layouts!(idem_writer::Layout, expired_or_absent_rows_mean_new);
 async fn expired_or_absent_rows_mean_new(layout: Layout) {
     let server = RedisServer::start();
     let (_db, pool) = mirror_db(layout).await;

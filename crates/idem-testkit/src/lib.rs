@@ -354,3 +354,23 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Runs a test body `async fn name(layout: L)` once per layout of
+/// `idempotency_keys`, as `name::unpartitioned` and `name::partitioned`.
+/// `L` is the caller's layout enum (`idem_writer::Layout`,
+/// `idem_client::TableLayout`): `both_layouts!(idem_writer::Layout, name)`.
+#[macro_export]
+macro_rules! both_layouts {
+    ($($layout:ident)::+, $name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn unpartitioned() {
+                super::$name($($layout)::+::Unpartitioned).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn partitioned() {
+                super::$name($($layout)::+::Partitioned).await
+            }
+        }
+    };
+}

@@ -26,7 +26,10 @@ fn sample(key: &str, token: i64, body: &[u8]) -> MirrorRecord {
     }
 }
 
-both_layouts!(key_reused_after_expiry_ends_with_the_newer_version);
+idem_testkit::both_layouts!(
+    idem_writer::Layout,
+    key_reused_after_expiry_ends_with_the_newer_version
+);
 async fn key_reused_after_expiry_ends_with_the_newer_version(layout: Layout) {
     let redis = RedisServer::start();
     let db = PgDatabase::create();
@@ -61,7 +64,10 @@ async fn key_reused_after_expiry_ends_with_the_newer_version(layout: Layout) {
     assert_mirrored_exactly(&pg, &mut conn, &second).await;
 }
 
-both_layouts!(upsert_keeps_the_largest_token_whatever_the_order);
+idem_testkit::both_layouts!(
+    idem_writer::Layout,
+    upsert_keeps_the_largest_token_whatever_the_order
+);
 async fn upsert_keeps_the_largest_token_whatever_the_order(layout: Layout) {
     let db = PgDatabase::create();
     migrate_layout(&db.url, layout).await;
@@ -116,7 +122,10 @@ async fn upsert_keeps_the_largest_token_whatever_the_order(layout: Layout) {
     assert_eq!(row.expires_at_ms, 4_000_000_000_000);
 }
 
-both_layouts!(keys_postgres_cannot_hold_stay_pending_and_are_counted);
+idem_testkit::both_layouts!(
+    idem_writer::Layout,
+    keys_postgres_cannot_hold_stay_pending_and_are_counted
+);
 async fn keys_postgres_cannot_hold_stay_pending_and_are_counted(layout: Layout) {
     let redis = RedisServer::start();
     let db = PgDatabase::create();
@@ -230,7 +239,7 @@ async fn sigterm_commits_and_acknowledges_the_batch_in_hand_then_exits_zero() {
     }
 }
 
-both_layouts!(concurrent_migrations_apply_once);
+idem_testkit::both_layouts!(idem_writer::Layout, concurrent_migrations_apply_once);
 async fn concurrent_migrations_apply_once(layout: Layout) {
     let db = PgDatabase::create();
     let runs: Vec<_> = (0..6)

@@ -13,7 +13,10 @@ use idem_writer::Layout;
 const TOTAL: usize = 20_000;
 const CHUNK: usize = 250;
 
-both_layouts!(two_writers_share_one_redis_without_loss);
+idem_testkit::both_layouts!(
+    idem_writer::Layout,
+    two_writers_share_one_redis_without_loss
+);
 async fn two_writers_share_one_redis_without_loss(layout: Layout) {
     let redis = RedisServer::start();
     let db = PgDatabase::create();

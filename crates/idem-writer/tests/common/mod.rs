@@ -507,24 +507,6 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
-/// Runs a test body `async fn name(layout: Layout)` once per layout of
-/// `idempotency_keys`: `name::unpartitioned` and `name::partitioned`.
-#[macro_export]
-macro_rules! both_layouts {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn unpartitioned() {
-                super::$name(idem_writer::Layout::Unpartitioned).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn partitioned() {
-                super::$name(idem_writer::Layout::Partitioned).await
-            }
-        }
-    };
-}
-
 /// Applies the writer's migrations with `layout` through the library.
 pub async fn migrate_layout(url: &str, layout: idem_writer::Layout) {
     let mut client = idem_writer::connect(url).await.expect("connect");
