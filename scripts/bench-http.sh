@@ -19,10 +19,11 @@ ensure_base_packages
 
 ensure_database_url 54328
 
-cargo build --release -q -p idem
+# The module alone (never linked against redis-rs), as test.sh builds it.
+IDEM_MODULE=$(build_module)
+export IDEM_MODULE
 cargo build --release -q -p idem-example-payments --example http_bench
 cargo build --release -q -p idem-client --example mw_cpu
-export IDEM_MODULE=$PWD/target/release/libidem.so
 echo "== HTTP middleware (issue 4) and the Postgres fence (issue 9) =="
 target/release/examples/http_bench
 echo "== Middleware CPU per request, in process, 2 workers (issue 12) =="

@@ -41,7 +41,8 @@ MODE=${1:-time}
 [[ $MODE == time || $MODE == instructions ]] || { echo "usage: $0 [instructions]" >&2; exit 2; }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MODULE=${IDEM_MODULE:-$ROOT/target/release/libidem.so}
+# The module as test.sh builds it (alone, never linked against redis-rs).
+MODULE=${IDEM_MODULE:-$(cd "$ROOT" && source scripts/lib/common.sh && build_module)}
 REQUESTS=${REQUESTS:-500000}         # per module / SET / GET phase
 LUA_REQUESTS=${LUA_REQUESTS:-150000} # the Lua script is slower
 CLIENTS=${CLIENTS:-50}
@@ -61,12 +62,8 @@ for tool in "${TOOLS[@]}"; do
     command -v "$tool" >/dev/null || { echo "bench-module: $tool not found" >&2; exit 1; }
 done
 if [[ ! -f $MODULE ]]; then
-    if [[ -n ${IDEM_MODULE:-} ]]; then
-        echo "bench-module: IDEM_MODULE=$MODULE does not exist" >&2
-        exit 1
-    fi
-    echo "building the module (cargo build --release -p idem)..." >&2
-    cargo build --release -p idem --manifest-path "$ROOT/Cargo.toml" >&2
+    echo "bench-module: module $MODULE does not exist" >&2
+    exit 1
 fi
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

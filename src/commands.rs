@@ -1,9 +1,10 @@
 //! The IDEM.* commands: parse, decide with `idem_core::engine`, apply,
 //! replicate the effect, reply. Each handler writes its reply last.
 
+use idem_core::args::{self, name};
 use idem_core::engine::{self, Begin};
 use idem_core::wire::{self, ReplySink};
-use idem_core::{args, Error};
+use idem_core::Error;
 
 use crate::ffi::acl::{self, KeyAccess};
 use crate::ffi::call::{create_command, entry_point, Call, EntryPoint};
@@ -24,7 +25,7 @@ entry_point!(ack_cmd, mirror::pull::ack);
 /// keyless), ACL categories (Redis 7.2+).
 const COMMANDS: &[(&str, EntryPoint, &str, Option<KeyAccess>, &str)] = &[
     (
-        "IDEM.BEGIN",
+        name::BEGIN,
         begin_cmd,
         // Not `deny-oom`: a replay, 409 or 422 allocates nothing and still
         // answers at `maxmemory`; only a new record is refused (`begin`).
@@ -33,43 +34,43 @@ const COMMANDS: &[(&str, EntryPoint, &str, Option<KeyAccess>, &str)] = &[
         "write",
     ),
     (
-        "IDEM.COMPLETE",
+        name::COMPLETE,
         complete_cmd,
         "write deny-oom",
         Some(KeyAccess::Update),
         "write",
     ),
     (
-        "IDEM.ABORT",
+        name::ABORT,
         abort_cmd,
         "write fast",
         Some(KeyAccess::Delete),
         "write fast",
     ),
     (
-        "IDEM.TOUCH",
+        name::TOUCH,
         touch_cmd,
         "write fast",
         Some(KeyAccess::Update),
         "write fast",
     ),
     (
-        "IDEM.GET",
+        name::GET,
         get_cmd,
         "readonly fast",
         Some(KeyAccess::Read),
         "read fast",
     ),
     (
-        "IDEM._PUT",
+        name::PUT,
         put_cmd,
         "write",
         Some(KeyAccess::Overwrite),
         "write",
     ),
-    ("IDEM.MIRROR.PULL", pull_cmd, "write", None, "write"),
+    (name::MIRROR_PULL, pull_cmd, "write", None, "write"),
     (
-        "IDEM.MIRROR.ACK",
+        name::MIRROR_ACK,
         ack_cmd,
         "write fast",
         Some(KeyAccess::Update),

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::args::{self, Abort, BeginArgs, CompleteArgs, Encode, KeyToken, Touch};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Value};
@@ -157,34 +158,29 @@ where
         response: &StoredResponse,
         origin: Origin,
     ) -> Result<(), IdemError> {
-        let headers: usize = response
-            .headers
-            .iter()
-            .map(|(name, value)| "HEADER".len() + name.len() + value.len())
-            .sum();
-        let mut cmd = command(
-            "IDEM.COMPLETE",
-            5 + 3 * response.headers.len(),
-            key.len() + response.body.len() + headers,
-        );
-        cmd.arg(key)
-            .arg(token)
-            .arg(response.status)
-            .arg(response.body.as_ref());
-        for (name, value) in &response.headers {
-            cmd.arg("HEADER").arg(name.as_str()).arg(value.as_ref());
+        let cmd = CompleteArgs {
+            key: key.as_bytes(),
+            token,
+            status: response.status,
+            body: &response.body,
+            headers: response
+                .headers
+                .iter()
+                .map(|(name, value)| (name.as_bytes(), value.as_ref())),
+            mirrored: origin == Origin::Mirror,
         }
-        if origin == Origin::Mirror {
-            cmd.arg("MIRRORED");
-        }
+        .to_cmd();
         parse_ok(&self.query(cmd).await?)
     }
 
     /// `IDEM.ABORT`: releases the key. `false` when `token` no longer holds
     /// an in-progress record (taken over, completed or gone).
     pub async fn abort(&self, key: &str, token: u64) -> Result<bool, IdemError> {
-        let mut cmd = command("IDEM.ABORT", 3, key.len());
-        cmd.arg(key).arg(token);
+        let cmd = Abort(KeyToken {
+            key: key.as_bytes(),
+            token,
+        })
+        .to_cmd();
         parse_abort(&self.query(cmd).await?)
     }
 
@@ -196,8 +192,12 @@ where
         token: u64,
         lease: Duration,
     ) -> Result<Duration, IdemError> {
-        let mut cmd = command("IDEM.TOUCH", 4, key.len());
-        cmd.arg(key).arg(token).arg(millis(lease));
+        let cmd = Touch {
+            key: key.as_bytes(),
+            token,
+            lease_ms: millis(lease),
+        }
+        .to_cmd();
         parse_touch(&self.query(cmd).await?)
     }
 
@@ -211,48 +211,24 @@ where
 }
 
 fn begin_cmd(key: &str, fingerprint: &[u8], options: BeginOptions, wait: Option<Duration>) -> Cmd {
-    let mut cmd = command("IDEM.BEGIN", 8, key.len() + fingerprint.len());
-    cmd.arg(key).arg(fingerprint).arg(ttl_seconds(options.ttl));
-    if let Some(lease) = options.lease {
-        cmd.arg("LEASE").arg(millis(lease));
+    BeginArgs {
+        key: key.as_bytes(),
+        fingerprint,
+        ttl_secs: args::ttl_secs(options.ttl),
+        lease_ms: options.lease.map(millis),
+        wait_ms: wait.map(millis),
     }
-    if let Some(wait) = wait {
-        cmd.arg("WAIT").arg(millis(wait));
-    }
-    cmd
-}
-
-/// A command sized for `args` arguments besides its name, `bytes` of them
-/// variable (plus room for a few numbers and keywords), so that building it
-/// does not grow its buffers.
-fn command(name: &str, args: usize, bytes: usize) -> Cmd {
-    let mut cmd = Cmd::with_capacity(1 + args, name.len() + bytes + 64);
-    cmd.arg(name);
-    cmd
-}
-
-/// Whole seconds, rounded up, at least 1.
-fn ttl_seconds(ttl: Duration) -> u64 {
-    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-    secs.max(1)
+    .to_cmd()
 }
 
 /// Whole milliseconds (rounded up), at least 1.
 fn millis(d: Duration) -> u64 {
-    idem_core::args::duration_ms(d).max(1)
+    args::duration_ms(d).max(1)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ttl_rounds_up_to_whole_seconds() {
-        assert_eq!(ttl_seconds(Duration::from_millis(1)), 1);
-        assert_eq!(ttl_seconds(Duration::ZERO), 1);
-        assert_eq!(ttl_seconds(Duration::from_millis(1500)), 2);
-        assert_eq!(ttl_seconds(Duration::from_secs(86400)), 86400);
-    }
 
     #[test]
     fn begin_command_carries_lease_and_wait() {

@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
+use idem_core::args::{self, name};
 use idem_core::engine::{self, Begin as Decision};
 use idem_core::token::TokenClock;
 use idem_core::wire::{self, ReplySink};
-use idem_core::{args, Error, Record};
+use idem_core::{Error, Record};
 use redis::aio::ConnectionLike;
 use redis::{Arg, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::Notify;
@@ -164,15 +165,15 @@ impl MemoryStore {
         let name = String::from_utf8_lossy(name).to_ascii_uppercase();
         let limits = &self.shared.limits;
         match name.as_str() {
-            "IDEM.BEGIN" => self.begin(args::begin(args, limits)?).await,
-            "IDEM.COMPLETE" => {
+            name::BEGIN => self.begin(args::begin(args, limits)?).await,
+            name::COMPLETE => {
                 let req = args::complete(args, limits)?;
                 let now = self.now_ms();
                 engine::complete(live(&mut self.keyspace().records, req.key, now), req, now)?;
                 self.shared.settled.notify_waiters();
                 Ok(Resp::write(|sink| sink.simple(c"OK")))
             }
-            "IDEM.ABORT" => {
+            name::ABORT => {
                 let req = args::key_token(args, "IDEM.ABORT key token")?;
                 let now = self.now_ms();
                 let mut keyspace = self.keyspace();
@@ -186,7 +187,7 @@ impl MemoryStore {
                 }
                 Ok(Resp::write(|sink| sink.int(i64::from(released))))
             }
-            "IDEM.TOUCH" => {
+            name::TOUCH => {
                 let req = args::touch(args)?;
                 let now = self.now_ms();
                 let mut keyspace = self.keyspace();
@@ -196,7 +197,7 @@ impl MemoryStore {
                     sink.int(i64::try_from(remaining).unwrap_or(i64::MAX))
                 }))
             }
-            "IDEM.GET" => {
+            name::GET => {
                 let [key] = args else {
                     return Err(
                         Error::bad_arg("wrong number of arguments, usage: IDEM.GET key").into(),

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use idem_core::args::name;
 use idem_core::wire::{
     parse_pull_batch, parse_record, write_record, Frame, PulledRecord, Recorder,
 };
@@ -32,7 +33,7 @@ pub fn idem_get(
     conn: &mut impl redis::ConnectionLike,
     key: impl redis::ToRedisArgs,
 ) -> Option<Record> {
-    let reply: Value = redis::cmd("IDEM.GET")
+    let reply: Value = redis::cmd(name::GET)
         .arg(key)
         .query(conn)
         .expect("IDEM.GET");
@@ -44,7 +45,7 @@ pub async fn idem_get_async(
     conn: &mut impl redis::aio::ConnectionLike,
     key: &str,
 ) -> Option<Record> {
-    let reply: Value = redis::cmd("IDEM.GET")
+    let reply: Value = redis::cmd(name::GET)
         .arg(key)
         .query_async(conn)
         .await

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem_core::args::duration_ms;
+use idem_core::args::{duration_ms, Ack, Encode, KeyToken, Pull};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, ServerErrorKind, Value};
 
@@ -78,12 +78,12 @@ impl RedisNode {
         claim: Duration,
         block: Duration,
     ) -> RedisResult<Value> {
-        let mut cmd = redis::cmd("IDEM.MIRROR.PULL");
-        cmd.arg(count)
-            .arg("CLAIM")
-            .arg(duration_ms(claim))
-            .arg("BLOCK")
-            .arg(duration_ms(block));
+        let cmd = Pull {
+            count: count as usize,
+            claim_ms: duration_ms(claim),
+            block_ms: Some(duration_ms(block)),
+        }
+        .to_cmd();
         let result = match self.connection().await {
             Ok(conn) => cmd.query_async(conn).await,
             Err(e) => Err(e),
@@ -103,7 +103,7 @@ impl RedisNode {
         }
         let mut pipe = redis::pipe();
         for (key, token) in acks {
-            pipe.cmd("IDEM.MIRROR.ACK").arg(*key).arg(*token);
+            pipe.add_command(ack_cmd(key, *token));
         }
         let result: RedisResult<Vec<i64>> = match self.connection().await {
             Ok(conn) => pipe.query_async(conn).await,
@@ -135,8 +135,7 @@ impl RedisNode {
     async fn ack_each(&mut self, acks: &[(&str, i64)]) -> RedisResult<Acked> {
         let mut acked = Acked::default();
         for (key, token) in acks {
-            let mut cmd = redis::cmd("IDEM.MIRROR.ACK");
-            cmd.arg(*key).arg(*token);
+            let cmd = ack_cmd(key, *token);
             let result: RedisResult<i64> = match self.connection().await {
                 Ok(conn) => cmd.query_async(conn).await,
                 Err(e) => Err(e),
@@ -199,6 +198,16 @@ fn info_field(text: &str, name: &str) -> Option<i64> {
         let (field, value) = line.trim_end().split_once(':')?;
         (field == name).then(|| value.parse().ok()).flatten()
     })
+}
+
+/// `IDEM.MIRROR.ACK key token` (a negative token, which PULL never hands
+/// out, is sent as 0 and refused by the module).
+fn ack_cmd(key: &str, token: i64) -> redis::Cmd {
+    Ack(KeyToken {
+        key: key.as_bytes(),
+        token: u64::try_from(token).unwrap_or(0),
+    })
+    .to_cmd()
 }
 
 #[cfg(test)]

@@ -1,6 +1,12 @@
 //! Parsing and validation of command arguments (everything after the command
 //! name). Bad input becomes `Error::BadArg` / `Error::TooLarge` before any
-//! record is touched.
+//! record is touched. The encoders beside them (`encode`) build exactly what
+//! these parsers accept.
+
+mod encode;
+pub mod name;
+
+pub use encode::{Abort, Ack, ArgSink, ArgSize, CompleteArgs, Encode};
 
 use crate::record::STATUS_RANGE;
 use crate::{Error, Header};
@@ -23,6 +29,35 @@ impl Limits {
     };
 }
 
+/// `IDEM.BEGIN`'s arguments as sent: what a client encodes and the parser
+/// reads back; `resolve` turns them into the engine's `Begin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BeginArgs<'a> {
+    pub key: &'a [u8],
+    /// The client's fingerprint, before hashing.
+    pub fingerprint: &'a [u8],
+    pub ttl_secs: u64,
+    /// `LEASE ms`; `None`: the module's `idem.lease-ms`.
+    pub lease_ms: Option<u64>,
+    /// `WAIT ms`: block up to this long instead of answering `in_flight`.
+    pub wait_ms: Option<u64>,
+}
+
+impl<'a> BeginArgs<'a> {
+    /// The engine's request: fingerprint hashed, TTL in milliseconds, lease
+    /// defaulted from `limits`.
+    pub fn resolve(&self, limits: &Limits) -> Begin<'a> {
+        Begin {
+            key: self.key,
+            fingerprint: crate::fingerprint(self.fingerprint),
+            ttl_ms: self.ttl_secs * 1000,
+            lease_ms: self.lease_ms.unwrap_or(limits.default_lease_ms),
+            wait_ms: self.wait_ms,
+        }
+    }
+}
+
+/// `IDEM.BEGIN` as the engine takes it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Begin<'a> {
     pub key: &'a [u8],
@@ -44,20 +79,20 @@ pub struct Complete<'a> {
     pub mirrored: bool,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyToken<'a> {
     pub key: &'a [u8],
     pub token: u64,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Touch<'a> {
     pub key: &'a [u8],
     pub token: u64,
     pub lease_ms: u64,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pull {
     pub count: usize,
     pub claim_ms: u64,
@@ -66,7 +101,7 @@ pub struct Pull {
 
 /// Longest lease or wait accepted: a year, far beyond any sane value, and small
 /// enough that `now + lease` never overflows.
-const MAX_MS: u64 = 366 * 24 * 3600 * 1000;
+pub const MAX_MS: u64 = 366 * 24 * 3600 * 1000;
 /// Most records one `IDEM.MIRROR.PULL` hands out.
 pub const MAX_PULL: usize = 10_000;
 
@@ -76,6 +111,13 @@ pub const MAX_PULL: usize = 10_000;
 pub fn duration_ms(d: std::time::Duration) -> u64 {
     let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// A TTL as `IDEM.BEGIN`'s `ttl-seconds`: whole seconds rounded up, at least
+/// 1; saturating.
+pub fn ttl_secs(d: std::time::Duration) -> u64 {
+    let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
+    secs.max(1)
 }
 
 fn arity(args: &[&[u8]], min: usize, usage: &str) -> Result<(), Error> {
@@ -125,21 +167,26 @@ fn option_value<'a>(args: &[&'a [u8]], i: usize, name: &str) -> Result<&'a [u8],
         .ok_or_else(|| Error::bad_arg(format!("{name} needs a value")))
 }
 
-/// `key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`
+/// `key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`, resolved for the engine.
 pub fn begin<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Begin<'a>, Error> {
+    Ok(begin_args(args, limits)?.resolve(limits))
+}
+
+/// `key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`, as sent.
+pub fn begin_args<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<BeginArgs<'a>, Error> {
     arity(
         args,
         3,
         "IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms]",
     )?;
-    let ttl = ranged(args[2], "ttl", 1, limits.max_ttl_secs)?;
-    let mut lease_ms = limits.default_lease_ms;
+    let ttl_secs = ranged(args[2], "ttl", 1, limits.max_ttl_secs)?;
+    let mut lease_ms = None;
     let mut wait_ms = None;
     let mut i = 3;
     while i < args.len() {
         let value = |name| option_value(args, i, name);
         if args[i].eq_ignore_ascii_case(b"LEASE") {
-            lease_ms = ranged(value("LEASE")?, "LEASE", 1, MAX_MS)?;
+            lease_ms = Some(ranged(value("LEASE")?, "LEASE", 1, MAX_MS)?);
         } else if args[i].eq_ignore_ascii_case(b"WAIT") {
             wait_ms = Some(ranged(value("WAIT")?, "WAIT", 0, MAX_MS)?);
         } else {
@@ -147,10 +194,10 @@ pub fn begin<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Begin<'a>, Error>
         }
         i += 2;
     }
-    Ok(Begin {
+    Ok(BeginArgs {
         key: args[0],
-        fingerprint: crate::fingerprint(args[1]),
-        ttl_ms: ttl * 1000,
+        fingerprint: args[1],
+        ttl_secs,
         lease_ms,
         wait_ms,
     })
@@ -282,6 +329,16 @@ mod tests {
 
     fn a(s: &str) -> Vec<&[u8]> {
         s.split(' ').map(str::as_bytes).collect()
+    }
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        use std::time::Duration;
+        assert_eq!(ttl_secs(Duration::ZERO), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(1500)), 2);
+        assert_eq!(ttl_secs(Duration::from_secs(86400)), 86400);
+        assert_eq!(ttl_secs(Duration::MAX), u64::MAX);
     }
 
     #[test]
