@@ -4,7 +4,7 @@
 use idem_core::args::{self, name};
 use idem_core::engine::{self, Begin};
 use idem_core::wire::{self, ReplySink};
-use idem_core::Error;
+use idem_core::{Error, Record};
 
 use crate::ffi::acl::{self, KeyAccess};
 use crate::ffi::call::{create_command, entry_point, Call, EntryPoint};
@@ -88,12 +88,21 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
 
 /// `IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`
 fn begin(call: &Call) -> Result<(), Error> {
-    let req = args::begin(&call.args, &config::limits())?;
+    let limits = config::limits();
+    let sent = args::begin_args(&call.args, &limits)?;
     let mut key = Key::open(call.ctx, call.key());
     let record = key.record()?;
-    if record.is_none() && out_of_memory() {
-        return Err(Error::Oom);
+    match &record {
+        // The record is the one memory access a replay adds to what `GET`
+        // does: its load overlaps the fingerprint's hashing.
+        Some(record) => prefetch(
+            std::ptr::from_ref::<Record>(record).cast(),
+            size_of::<Record>(),
+        ),
+        None if out_of_memory() => return Err(Error::Oom),
+        None => {}
     }
+    let req = sent.resolve(&limits);
     let outcome = engine::begin(record, &req, now_ms, &mut TOKENS.lock());
     let mut reply = call.ctx.reply();
     match outcome {
@@ -121,7 +130,7 @@ fn begin(call: &Call) -> Result<(), Error> {
             wire::Begin::InFlight { retry_after_ms }.write(&mut reply);
         }
         Begin::Replay(completed) => {
-            prefetch(&completed.body);
+            prefetch(completed.body.as_ptr(), completed.body.len());
             stats::REPLAY.incr();
             wire::Begin::Replay(completed).write(&mut reply);
         }
@@ -208,17 +217,18 @@ fn get(call: &Call) -> Result<(), Error> {
     Ok(())
 }
 
-/// Asks the CPU to load `bytes` into cache while the reply's first elements
-/// are written: a replayed body lives in its own allocation, the one memory
-/// access a replay adds to what `GET` does.
-fn prefetch(bytes: &[u8]) {
+/// Asks the CPU to load up to 1 KiB from `start` into cache while other work
+/// goes on (hashing the fingerprint, writing the reply's first elements).
+fn prefetch(start: *const u8, len: usize) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (start, len);
     #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64).take(16) {
-        // SAFETY: a prefetch is a hint that never faults; SSE is part of
-        // every x86_64 target.
+    for offset in (0..len.min(1024)).step_by(64) {
+        // SAFETY: a prefetch is a hint that never faults, whatever the
+        // address; SSE is part of every x86_64 target.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
+                start.wrapping_add(offset).cast(),
             )
         };
     }

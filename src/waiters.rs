@@ -162,7 +162,7 @@ extern "C" fn on_deadline(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
         };
         ctx.select_db(db);
         let name = ctx.string(&key);
-        let retry_after = match Key::open_read(ctx, name.name()).record() {
+        let retry_after = match Key::inspect(ctx, name.name()).record() {
             Ok(Some(r)) => lease_end(&r.state).saturating_sub(now_ms()),
             _ => 0,
         };

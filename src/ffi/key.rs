@@ -7,6 +7,7 @@
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::OnceLock;
 
 use idem_core::record::NO_EXPIRY;
 use idem_core::{Error, Record};
@@ -21,6 +22,28 @@ static TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(std::ptr::null_mut
 /// Remembers the module type that holds records (`datatype` registers it).
 pub fn set_record_type(t: *mut raw::RedisModuleType) {
     TYPE.store(t, Ordering::Relaxed);
+}
+
+/// The open mode of `Key::inspect`. Redis 7.2+ has modes for exactly that
+/// (`NOSTATS`, `NOEXPIRE`; `RedisModule_GetOpenKeyModesAll` lists them). On
+/// 7.0 a write-mode lookup is the one that counts no hit or miss and raises
+/// no `keymiss`; it deletes an expired key as a read on a primary would (and
+/// on a writable replica, locally), and writes nothing else.
+fn quiet_mode() -> u32 {
+    static MODE: OnceLock<u32> = OnceLock::new();
+    *MODE.get_or_init(|| {
+        let quiet = raw::REDISMODULE_OPEN_KEY_NOTOUCH
+            | raw::REDISMODULE_OPEN_KEY_NONOTIFY
+            | raw::REDISMODULE_OPEN_KEY_NOSTATS
+            | raw::REDISMODULE_OPEN_KEY_NOEXPIRE;
+        // SAFETY: a plain query of the server's supported modes (7.2+); on
+        // older servers the pointer is null and not called.
+        let supported = unsafe { raw::RedisModule_GetOpenKeyModesAll.map(|all| all()) };
+        match supported {
+            Some(all) if all as u32 & quiet == quiet => raw::REDISMODULE_READ | quiet,
+            _ => raw::REDISMODULE_WRITE | raw::REDISMODULE_OPEN_KEY_NOTOUCH,
+        }
+    })
 }
 
 pub struct Key {
@@ -41,6 +64,14 @@ impl Key {
         Self::open_mode(ctx, name, raw::REDISMODULE_READ)
     }
 
+    /// Opens `name` to look at it on idem's own behalf (keyspace events,
+    /// timers, the mirror's PULL), not for a client's read: the server's
+    /// `keyspace_hits`/`keyspace_misses`, the key's LRU/LFU and `keymiss`
+    /// events are left alone, so loading idem changes no user's statistics.
+    pub fn inspect(ctx: Ctx, name: Name) -> Key {
+        Self::open_mode(ctx, name, quiet_mode())
+    }
+
     fn open_mode(ctx: Ctx, name: Name, mode: u32) -> Key {
         // SAFETY: a live context and a string valid for this call; the key
         // is closed on drop.
@@ -49,6 +80,15 @@ impl Key {
             ptr: ptr.cast(),
             ctx,
             name,
+        }
+    }
+
+    /// Whether the key holds an idem record.
+    pub fn holds_record(&self) -> bool {
+        // SAFETY: an open key (a null handle, a missing key, reads as empty).
+        unsafe {
+            api!(RedisModule_KeyType)(self.ptr) == raw::REDISMODULE_KEYTYPE_MODULE as c_int
+                && api!(RedisModule_ModuleTypeGetType)(self.ptr) == TYPE.load(Ordering::Relaxed)
         }
     }
 

@@ -70,7 +70,7 @@ fn claim<'a>(ctx: Ctx, db: i32, req: &args::Pull) -> Vec<(Vec<u8>, &'a Record)> 
         }
         for (name, token) in claimed {
             let key_name = ctx.string(&name);
-            let mut key = Key::open_read(ctx, key_name.name());
+            let mut key = Key::inspect(ctx, key_name.name());
             let rec = key.record().ok().flatten().map(|r| {
                 // SAFETY: the value stays in the keyspace until this command
                 // (or reply callback) returns: nothing else runs on the main
