@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark and prints its figures: the module against SET NX, a
-# Lua script and GET (bench-module.sh), the Postgres mirror (bench-mirror.sh),
+# Lua script and GET (bench-module.sh), what idem adds to native SET EX and
+# EXPIRE (bench-keyspace.sh), the Postgres mirror (bench-mirror.sh),
 # the HTTP middleware (bench-http.sh), WAIT wake-up cost, and cleanup of the
 # partitioned vs the unpartitioned table (bench-partition.sh, 10M rows).
 # `scripts/bench.sh module|mirror|http|wait|partition` runs one of them.
@@ -17,13 +18,14 @@ run_wait() {
 }
 
 case ${1:-all} in
-  module) scripts/bench-module.sh ;;
+  module) scripts/bench-module.sh; echo; scripts/bench-keyspace.sh ;;
   mirror) scripts/bench-mirror.sh ;;
   http) scripts/bench-http.sh ;;
   wait) run_wait ;;
   partition) scripts/bench-partition.sh ;;
   all)
     scripts/bench-module.sh
+    echo; scripts/bench-keyspace.sh
     echo; run_wait
     echo; scripts/bench-mirror.sh
     echo; scripts/bench-http.sh
