@@ -137,14 +137,13 @@ where
             None => None,
         };
         let first = parse_begin(
-            &self
-                .query(begin_cmd(key, fingerprint, options, None))
+            self.query(begin_cmd(key, fingerprint, options, None))
                 .await?,
         )?;
         match (first, wait, wait_connections) {
             (Outcome::InFlight { .. }, Some(wait), Some(connections)) => {
                 let cmd = begin_cmd(key, fingerprint, options, Some(wait));
-                parse_begin(&connections.query(cmd, wait + self.call_timeout).await?)
+                parse_begin(connections.query(cmd, wait + self.call_timeout).await?)
             }
             (outcome, _, _) => Ok(outcome),
         }

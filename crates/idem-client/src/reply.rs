@@ -10,8 +10,9 @@ use redis::Value;
 
 use crate::{IdemError, Outcome, StoredResponse};
 
-pub(crate) fn parse_begin(reply: &Value) -> Result<Outcome, IdemError> {
-    let outcome = match BeginReply::parse(&Frame::from(reply)).map_err(unexpected)? {
+/// Takes the reply by value: a replayed body moves into the outcome uncopied.
+pub(crate) fn parse_begin(reply: Value) -> Result<Outcome, IdemError> {
+    let outcome = match BeginReply::parse_owned(Frame::from(reply)).map_err(unexpected)? {
         BeginReply::New { token } => Outcome::New { token },
         BeginReply::InFlight { retry_after_ms } => Outcome::InFlight {
             retry_after: Duration::from_millis(retry_after_ms),
@@ -82,11 +83,11 @@ mod tests {
     #[test]
     fn converts_every_begin_outcome() {
         let new = Value::Array(vec![bulk("new"), Value::Int(42)]);
-        assert_eq!(parse_begin(&new).unwrap(), Outcome::New { token: 42 });
+        assert_eq!(parse_begin(new).unwrap(), Outcome::New { token: 42 });
 
         let in_flight = Value::Array(vec![bulk("in_flight"), Value::Int(1500)]);
         assert_eq!(
-            parse_begin(&in_flight).unwrap(),
+            parse_begin(in_flight).unwrap(),
             Outcome::InFlight {
                 retry_after: Duration::from_millis(1500)
             }
@@ -99,14 +100,14 @@ mod tests {
             Value::Array(vec![bulk("content-type"), bulk("application/json")]),
         ]);
         assert_eq!(
-            parse_begin(&replay).unwrap(),
+            parse_begin(replay).unwrap(),
             Outcome::Replay(
                 StoredResponse::new(201, "{}").with_header("content-type", "application/json")
             )
         );
 
         let mismatch = Value::Array(vec![bulk("mismatch")]);
-        assert_eq!(parse_begin(&mismatch).unwrap(), Outcome::Mismatch);
+        assert_eq!(parse_begin(mismatch).unwrap(), Outcome::Mismatch);
     }
 
     #[test]
@@ -117,7 +118,7 @@ mod tests {
             Value::Array(vec![bulk("maybe")]),
         ] {
             assert!(
-                matches!(parse_begin(&bad), Err(IdemError::UnexpectedReply(_))),
+                matches!(parse_begin(bad.clone()), Err(IdemError::UnexpectedReply(_))),
                 "{bad:?}"
             );
         }

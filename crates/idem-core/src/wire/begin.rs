@@ -60,6 +60,25 @@ impl Begin<'_> {
 }
 
 impl BeginReply {
+    /// As `parse`, but a replayed body is moved out of the frame, not copied.
+    pub fn parse_owned(frame: Frame) -> Result<BeginReply, WireError> {
+        let Frame::Array(mut items) = frame else {
+            return BeginReply::parse(&frame);
+        };
+        let is_replay = items.len() == 4 && items[0].bytes("BEGIN outcome").ok() == Some(b"replay");
+        if !is_replay {
+            return BeginReply::parse(&Frame::Array(items));
+        }
+        let status = read_status(&items[1])?;
+        let headers = read_headers(&items[3])?;
+        let body = std::mem::replace(&mut items[2], Frame::Null).into_bytes("body")?;
+        Ok(BeginReply::Replay(StoredResponse {
+            status,
+            body,
+            headers,
+        }))
+    }
+
     pub fn parse(frame: &Frame) -> Result<BeginReply, WireError> {
         let items = frame.array("BEGIN reply")?;
         let Some((tag, rest)) = items.split_first() else {
@@ -149,6 +168,7 @@ mod tests {
             let frames = r.into_frames();
             prop_assert_eq!(frames.len(), 1);
             prop_assert_eq!(BeginReply::parse(&frames[0]), Ok(BeginReply::from(b)));
+            prop_assert_eq!(BeginReply::parse_owned(frames[0].clone()), Ok(BeginReply::from(b)));
         }
     }
 
@@ -172,10 +192,18 @@ mod tests {
                 bulk(""),
                 Frame::Array(vec![bulk("x")]),
             ]),
+            Frame::Array(vec![
+                bulk("replay"),
+                Frame::Int(200),
+                Frame::Int(5),
+                Frame::Array(vec![]),
+            ]),
+            Frame::Array(vec![bulk("replay"), Frame::Int(200), bulk("")]),
             Frame::Array(vec![bulk("maybe")]),
             Frame::Array(vec![bulk("mismatch"), Frame::Int(1)]),
         ] {
             assert!(BeginReply::parse(&bad).is_err(), "{bad:?}");
+            assert!(BeginReply::parse_owned(bad.clone()).is_err(), "{bad:?}");
         }
     }
 }

@@ -58,6 +58,15 @@ impl Frame {
         }
     }
 
+    /// The string, moved out of the frame.
+    pub fn into_bytes(self, what: &str) -> Result<Vec<u8>, WireError> {
+        match self {
+            Frame::Bulk(b) => Ok(b),
+            Frame::Simple(s) => Ok(s.into_bytes()),
+            other => Err(WireError::new(format!("{what} is not a string: {other:?}"))),
+        }
+    }
+
     pub fn text(&self, what: &str) -> Result<&str, WireError> {
         std::str::from_utf8(self.bytes(what)?)
             .map_err(|_| WireError::new(format!("{what} is not UTF-8")))

@@ -6,19 +6,27 @@ use redis::{FromRedisValue, ParsingError, Value};
 use super::{parse_pull_batch, parse_record, BeginReply, Frame, PulledRecord, WireError};
 use crate::Record;
 
+/// A copy of the value (`From<Value>` moves instead).
 impl From<&Value> for Frame {
     fn from(v: &Value) -> Frame {
+        Frame::from(v.clone())
+    }
+}
+
+/// A redis-rs value as a `Frame`, moving strings and arrays, not copying.
+impl From<Value> for Frame {
+    fn from(v: Value) -> Frame {
         match v {
-            Value::Int(i) => Frame::Int(*i),
-            Value::BulkString(b) => Frame::Bulk(b.clone()),
-            Value::SimpleString(s) => Frame::Simple(s.clone()),
+            Value::Int(i) => Frame::Int(i),
+            Value::BulkString(b) => Frame::Bulk(b),
+            Value::SimpleString(s) => Frame::Simple(s),
             Value::Okay => Frame::Simple("OK".into()),
             Value::Array(items) | Value::Set(items) => {
-                Frame::Array(items.iter().map(Frame::from).collect())
+                Frame::Array(items.into_iter().map(Frame::from).collect())
             }
             Value::Map(pairs) => Frame::Array(
                 pairs
-                    .iter()
+                    .into_iter()
                     .flat_map(|(k, v)| [Frame::from(k), Frame::from(v)])
                     .collect(),
             ),
@@ -38,7 +46,7 @@ macro_rules! from_frame {
     ($ty:ty, $parse:expr) => {
         impl FromRedisValue for $ty {
             fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-                Self::from_redis_value_ref(&v)
+                $parse(&Frame::from(v)).map_err(type_error)
             }
 
             fn from_redis_value_ref(v: &Value) -> Result<Self, ParsingError> {
@@ -48,7 +56,15 @@ macro_rules! from_frame {
     };
 }
 
-from_frame!(BeginReply, BeginReply::parse);
+impl FromRedisValue for BeginReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        BeginReply::parse_owned(Frame::from(v)).map_err(type_error)
+    }
+
+    fn from_redis_value_ref(v: &Value) -> Result<Self, ParsingError> {
+        BeginReply::parse(&Frame::from(v)).map_err(type_error)
+    }
+}
 
 /// An `IDEM.GET` reply (nil or a record).
 #[derive(Debug, Clone, PartialEq, Eq)]
