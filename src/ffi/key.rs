@@ -83,15 +83,13 @@ impl Key {
         }
     }
 
-    /// The record and the key's expiry; `None` when the key holds no record
-    /// (one type check; the expiry is read only for a record).
-    pub fn record_and_expiry(&mut self) -> Option<(&mut Record, u64)> {
-        let record: *mut Record = self.record().ok().flatten()?;
-        let expiry = self.expiry();
-        // SAFETY: the record `record` just returned, still owned by Redis
-        // under this open key; reading the expiry did not touch it, and the
-        // borrow is again tied to this handle.
-        Some((unsafe { &mut *record }, expiry))
+    /// Whether the key holds an idem record.
+    pub fn holds_record(&self) -> bool {
+        // SAFETY: an open key (a null handle, a missing key, reads as empty).
+        unsafe {
+            api!(RedisModule_KeyType)(self.ptr) == raw::REDISMODULE_KEYTYPE_MODULE as c_int
+                && api!(RedisModule_ModuleTypeGetType)(self.ptr) == TYPE.load(Ordering::Relaxed)
+        }
     }
 
     /// The record under the key; `WRONGTYPE` when the key holds something
