@@ -46,6 +46,14 @@ fn quiet_mode() -> u32 {
     })
 }
 
+/// What an open key holds, as idem sees it.
+#[derive(PartialEq, Eq)]
+enum Contents {
+    Nothing,
+    Record,
+    Other,
+}
+
 pub struct Key {
     ptr: *mut raw::RedisModuleKey,
     ctx: Ctx,
@@ -83,34 +91,54 @@ impl Key {
         }
     }
 
-    /// Whether the key holds an idem record.
-    pub fn holds_record(&self) -> bool {
+    /// What the key holds.
+    fn contents(&self) -> Contents {
         // SAFETY: an open key (a null handle, a missing key, reads as empty).
         unsafe {
-            api!(RedisModule_KeyType)(self.ptr) == raw::REDISMODULE_KEYTYPE_MODULE as c_int
-                && api!(RedisModule_ModuleTypeGetType)(self.ptr) == TYPE.load(Ordering::Relaxed)
+            match api!(RedisModule_KeyType)(self.ptr) {
+                k if k == raw::REDISMODULE_KEYTYPE_EMPTY as c_int => Contents::Nothing,
+                k if k == raw::REDISMODULE_KEYTYPE_MODULE as c_int
+                    && api!(RedisModule_ModuleTypeGetType)(self.ptr)
+                        == TYPE.load(Ordering::Relaxed) =>
+                {
+                    Contents::Record
+                }
+                _ => Contents::Other,
+            }
+        }
+    }
+
+    /// The record under a key that holds one (`Contents::Record`).
+    fn value(&mut self) -> Option<&mut Record> {
+        // SAFETY: an open key holding our type: its value is a Box<Record>
+        // this module stored, owned by Redis until the free callback; the
+        // borrow is tied to this handle, which the caller holds.
+        unsafe {
+            api!(RedisModule_ModuleTypeGetValue)(self.ptr)
+                .cast::<Record>()
+                .as_mut()
         }
     }
 
     /// The record under the key; `WRONGTYPE` when the key holds something
     /// else.
     pub fn record(&mut self) -> Result<Option<&mut Record>, Error> {
-        // SAFETY: an open key. A module value of our type is a Box<Record>
-        // this module stored, owned by Redis until the free callback; the
-        // borrow is tied to this handle, which the command holds.
-        unsafe {
-            let kind = api!(RedisModule_KeyType)(self.ptr);
-            if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
-                return Ok(None);
-            }
-            if kind != raw::REDISMODULE_KEYTYPE_MODULE as c_int
-                || api!(RedisModule_ModuleTypeGetType)(self.ptr) != TYPE.load(Ordering::Relaxed)
-            {
-                return Err(Error::WrongType);
-            }
-            let value = api!(RedisModule_ModuleTypeGetValue)(self.ptr);
-            Ok(value.cast::<Record>().as_mut())
+        match self.contents() {
+            Contents::Record => Ok(self.value()),
+            Contents::Nothing => Ok(None),
+            Contents::Other => Err(Error::WrongType),
         }
+    }
+
+    /// The record and the key's expiry, or `None` when the key holds no
+    /// record: one type check, and the expiry (a second lookup) is read only
+    /// for a record.
+    pub fn record_and_expiry(&mut self) -> Option<(&mut Record, u64)> {
+        if self.contents() != Contents::Record {
+            return None;
+        }
+        let expiry = self.expiry();
+        self.value().map(|record| (record, expiry))
     }
 
     /// Stores `record` with its absolute expiry, and signals the change.

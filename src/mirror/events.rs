@@ -60,31 +60,21 @@ extern "C" fn on_keyspace_event(
 /// Re-reads the key and brings its outbox entry (and the record's expiry)
 /// in line.
 fn resync(ctx: Ctx, db: i32, key: Name) {
-    let mut k = Key::inspect(ctx, key);
-    if !k.holds_record() {
-        return forget(db, key.bytes());
-    }
-    let expiry = k.expiry();
-    match k.record() {
-        Ok(Some(record)) => {
+    match Key::inspect(ctx, key).record_and_expiry() {
+        Some((record, expiry)) => {
             record.expires_at = expiry;
             track(db, key.bytes(), record);
         }
-        _ => forget(db, key.bytes()),
+        None => forget(db, key.bytes()),
     }
 }
 
 /// Sets the record's `expires_at` to the key's TTL (a module value may be
 /// updated in place here: nothing is written to the keyspace or propagated).
 /// Every TTL change of every key passes here: a key that holds no record
-/// costs one quiet lookup and nothing else.
+/// costs one quiet lookup and a type check.
 fn follow_ttl(ctx: Ctx, key: Name) {
-    let mut k = Key::inspect(ctx, key);
-    if !k.holds_record() {
-        return;
-    }
-    let expiry = k.expiry();
-    if let Ok(Some(record)) = k.record() {
+    if let Some((record, expiry)) = Key::inspect(ctx, key).record_and_expiry() {
         record.expires_at = expiry;
     }
 }

@@ -61,6 +61,9 @@ async fn key_reused_after_expiry_ends_with_the_newer_version(layout: Layout) {
     })
     .await;
     assert!(replaced, "{}", writer.log_tail());
+    // The row commits before the writer's ACK reaches Redis: wait for both.
+    let drained = wait_drained(&mut conn, &pg, 1, Duration::from_secs(30)).await;
+    assert!(drained, "{}", writer.log_tail());
     assert_mirrored_exactly(&pg, &mut conn, &second).await;
 }
 
