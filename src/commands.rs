@@ -103,7 +103,7 @@ fn begin(call: &Call) -> Result<(), Error> {
         None => {}
     }
     let req = sent.resolve(&limits);
-    let outcome = engine::begin(record, &req, now_ms, &mut TOKENS.lock());
+    let outcome = engine::begin(record, &req, now_ms, || TOKENS.lock());
     let mut reply = call.ctx.reply();
     match outcome {
         Begin::Created(record) => {

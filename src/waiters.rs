@@ -262,7 +262,7 @@ fn settle_named(ctx: Ctx, id: &KeyId, name: Name) {
                 continue;
             }
         };
-        let answer_now = match engine::begin(record, &req, now_ms, &mut TOKENS.lock()) {
+        let answer_now = match engine::begin(record, &req, now_ms, || TOKENS.lock()) {
             Begin::Created(record) => {
                 effects::replicate_put(ctx, name, &record);
                 let (token, lease_until) = (record.token, lease_end(&record.state));

@@ -230,7 +230,8 @@ impl MemoryStore {
                 let now = self.now_ms();
                 let mut keyspace = self.keyspace();
                 let Keyspace { records, tokens } = &mut *keyspace;
-                let reply = match engine::begin(live(records, req.key, now), &req, || now, tokens) {
+                let record = live(records, req.key, now);
+                let reply = match engine::begin(record, &req, || now, || tokens) {
                     Decision::Created(record) => {
                         let token = record.token;
                         records.insert(req.key.to_vec(), record);

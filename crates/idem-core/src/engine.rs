@@ -4,6 +4,8 @@
 //! clock, and either answers or changes the record in place. The module
 //! replicates the resulting record, never the decision.
 
+use std::ops::DerefMut;
+
 use crate::args;
 use crate::token::TokenClock;
 use crate::{Completed, Error, MirrorState, Record, State};
@@ -25,18 +27,19 @@ pub enum Begin<'r> {
 }
 
 /// Decides `IDEM.BEGIN`. The clock is read only when the answer depends on
-/// it: a replay or a mismatch never reads it.
-pub fn begin<'r>(
+/// it (a replay or a mismatch never reads it), and the token clock only when
+/// a token is issued.
+pub fn begin<'r, C: DerefMut<Target = TokenClock>>(
     existing: Option<&'r mut Record>,
     req: &args::Begin,
     now: impl FnOnce() -> u64,
-    tokens: &mut TokenClock,
+    tokens: impl FnOnce() -> C,
 ) -> Begin<'r> {
     let Some(rec) = existing else {
         let now = now();
         return Begin::Created(Record {
             fingerprint: req.fingerprint,
-            token: tokens.next(now),
+            token: tokens().next(now),
             created_at: now,
             expires_at: now.saturating_add(req.ttl_ms),
             state: State::InProgress {
@@ -58,6 +61,7 @@ pub fn begin<'r>(
         };
     }
     *lease_until = now.saturating_add(req.lease_ms);
+    let mut tokens = tokens();
     tokens.observe(rec.token, now);
     rec.token = tokens.next(now);
     Begin::TakenOver { token: rec.token }
@@ -152,7 +156,7 @@ mod tests {
     }
 
     fn created(tokens: &mut TokenClock, now: u64) -> Record {
-        match begin(None, &req(b"a", 1000), || now, tokens) {
+        match begin(None, &req(b"a", 1000), || now, || tokens) {
             Begin::Created(r) => r,
             other => panic!("{other:?}"),
         }
@@ -165,23 +169,23 @@ mod tests {
         assert_eq!(r.expires_at, 60_010);
         assert_eq!(r.state, State::InProgress { lease_until: 1010 });
         assert_eq!(
-            begin(Some(&mut r), &req(b"a", 1000), || 400, &mut t),
+            begin(Some(&mut r), &req(b"a", 1000), || 400, || &mut t),
             Begin::InFlight {
                 retry_after_ms: 610
             }
         );
         assert_eq!(
-            begin(Some(&mut r), &req(b"b", 1000), || 400, &mut t),
+            begin(Some(&mut r), &req(b"b", 1000), || 400, || &mut t),
             Begin::Mismatch
         );
         let token = r.token;
         complete(Some(&mut r), done(token), 500).unwrap();
-        match begin(Some(&mut r), &req(b"a", 1000), || 600, &mut t) {
+        match begin(Some(&mut r), &req(b"a", 1000), || 600, || &mut t) {
             Begin::Replay(c) => assert_eq!((c.status, c.completed_at), (201, 500)),
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            begin(Some(&mut r), &req(b"b", 1000), || 600, &mut t),
+            begin(Some(&mut r), &req(b"b", 1000), || 600, || &mut t),
             Begin::Mismatch
         );
     }
@@ -191,7 +195,7 @@ mod tests {
         let mut t = TokenClock::default();
         let mut r = created(&mut t, 10);
         let old = r.token;
-        let Begin::TakenOver { token } = begin(Some(&mut r), &req(b"a", 50), || 1010, &mut t)
+        let Begin::TakenOver { token } = begin(Some(&mut r), &req(b"a", 50), || 1010, || &mut t)
         else {
             panic!()
         };
@@ -259,7 +263,7 @@ mod tests {
                 match op {
                     Op::Begin { same_fp, lease } => {
                         let r = req(if same_fp { b"a" } else { b"b" }, lease);
-                        match begin(rec.as_mut(), &r, || now, &mut t) {
+                        match begin(rec.as_mut(), &r, || now, || &mut t) {
                             Begin::Created(new) => {
                                 prop_assert!(before.is_none());
                                 prop_assert!(issued.iter().all(|&x| x < new.token));
