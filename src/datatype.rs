@@ -4,6 +4,7 @@
 use std::ffi::{c_int, c_void};
 use std::ptr;
 
+use idem_core::args::name;
 use idem_core::{codec, Record};
 use redis_module::{native_types::RedisType, raw};
 
@@ -85,7 +86,7 @@ extern "C" fn aof_rewrite(
 ) {
     guard("aof_rewrite", (), || {
         let bytes = codec::encode(record(value));
-        Aof::from_raw(aof).emit_key_blob(c"IDEM._PUT", Name::from_raw(key), &bytes);
+        Aof::from_raw(aof).emit_key_blob(name::PUT_C, Name::from_raw(key), &bytes);
     })
 }
 

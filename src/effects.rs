@@ -2,6 +2,7 @@
 //! resulting record (with absolute times) as `IDEM._PUT key blob`, or a
 //! `DEL`. Replicas and AOF replay apply effects without deciding anything.
 
+use idem_core::args::name;
 use idem_core::{codec, Error, Record};
 
 use crate::ffi::call::Call;
@@ -17,7 +18,7 @@ pub fn replicate_put(ctx: Ctx, key: Name, record: &Record) {
     let mut blob = BUFFER.lock();
     blob.clear();
     codec::encode_into(record, &mut blob);
-    ctx.replicate_key_blob(c"IDEM._PUT", key, &blob);
+    ctx.replicate_key_blob(name::PUT_C, key, &blob);
     if blob.capacity() > 64 * 1024 {
         *blob = Vec::new(); // do not keep a large body's buffer around
     }
