@@ -159,12 +159,12 @@ impl MemoryStore {
                 _ => b"0",
             })
             .collect();
-        let Some((name, args)) = argv.split_first() else {
+        let Some((command, args)) = argv.split_first() else {
             return Err(Reply::Refused("empty command".into()));
         };
-        let name = String::from_utf8_lossy(name).to_ascii_uppercase();
+        let command = String::from_utf8_lossy(command).to_ascii_uppercase();
         let limits = &self.shared.limits;
-        match name.as_str() {
+        match command.as_str() {
             name::BEGIN => self.begin(args::begin(args, limits)?).await,
             name::COMPLETE => {
                 let req = args::complete(args, limits)?;
@@ -209,7 +209,7 @@ impl MemoryStore {
                 Ok(Resp::write(|sink| wire::write_record(sink, rec.as_deref())))
             }
             _ => Err(Reply::Refused(format!(
-                "unknown command '{name}': the in-memory store runs {COMMANDS}"
+                "unknown command '{command}': the in-memory store runs {COMMANDS}"
             ))),
         }
     }
