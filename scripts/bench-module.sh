@@ -290,9 +290,10 @@ return t' 0 "$n" "$FP" "$TTL")
         printf "*5\r\n$13\r\nIDEM.COMPLETE\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$3\r\n200\r\n$%d\r\n%s\r\n",
             length(k), k, length($1), $1, length(b), b
     }' <<<"$tokens")"
-    phase replay "$mod" "$(lines "IDEM.BEGIN c:%d $FP $TTL")"
+    phase replay "$mod" "$(lines "IDEM.BEGIN c:%d $FP $TTL PACKED")"
+    phase replay_fields "$mod" "$(lines "IDEM.BEGIN c:%d $FP $TTL")"
     phase mismatch "$mod" "$(lines "IDEM.BEGIN c:%d other-$FP $TTL")"
-    (($(info_field idem_replay idem) == n && $(info_field idem_mismatch idem) == n)) ||
+    (($(info_field idem_replay idem) == 2 * n && $(info_field idem_mismatch idem) == n)) ||
         fail "instructions: replay/mismatch phases did not replay/mismatch"
     (($(info_field idem_in_flight idem) == n && $(info_field idem_completes idem) == n)) ||
         fail "instructions: in-flight/complete phases went wrong"
@@ -306,6 +307,7 @@ return t' 0 "$n" "$FP" "$TTL")
     echo
     irow "BEGIN new vs SET NX EX" new setnx
     irow "BEGIN replay (256 B) vs GET (256 B)" replay get
+    irow "  the same, four-field reply (no PACKED)" replay_fields get
     irow "BEGIN in-flight vs GET" inflight get
     irow "BEGIN mismatch vs GET" mismatch get
     irow "COMPLETE (256 B) vs SET EX (256 B)" complete setbody

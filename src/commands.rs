@@ -86,7 +86,7 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
     Ok(())
 }
 
-/// `IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`
+/// `IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms] [PACKED]`
 fn begin(call: &Call) -> Result<(), Error> {
     let limits = config::limits();
     let sent = args::begin_args(&call.args, &limits)?;
@@ -111,14 +111,14 @@ fn begin(call: &Call) -> Result<(), Error> {
             let token = record.token;
             key.store(record);
             stats::NEW.incr();
-            wire::Begin::New { token }.write(&mut reply);
+            wire::Begin::New { token }.write(&mut reply, req.replay);
         }
         Begin::TakenOver { token } => {
             let record = key.signal_then_record()?.ok_or(Error::NotFound)?;
             effects::replicate_put(call.ctx, call.key(), record);
             stats::NEW.incr();
             stats::TAKEOVERS.incr();
-            wire::Begin::New { token }.write(&mut reply);
+            wire::Begin::New { token }.write(&mut reply, req.replay);
         }
         Begin::InFlight { retry_after_ms } => {
             if req.wait_ms.is_some_and(|ms| ms > 0)
@@ -127,16 +127,16 @@ fn begin(call: &Call) -> Result<(), Error> {
                 return Ok(());
             }
             stats::IN_FLIGHT.incr();
-            wire::Begin::InFlight { retry_after_ms }.write(&mut reply);
+            wire::Begin::InFlight { retry_after_ms }.write(&mut reply, req.replay);
         }
         Begin::Replay(completed) => {
             prefetch(completed.body.as_ptr(), completed.body.len());
             stats::REPLAY.incr();
-            wire::Begin::Replay(completed).write(&mut reply);
+            wire::Begin::Replay(completed).write(&mut reply, req.replay);
         }
         Begin::Mismatch => {
             stats::MISMATCH.incr();
-            wire::Begin::Mismatch.write(&mut reply);
+            wire::Begin::Mismatch.write(&mut reply, req.replay);
         }
     }
     Ok(())

@@ -19,6 +19,7 @@ use std::ffi::{c_int, c_void};
 use std::ptr;
 
 use idem_core::engine::{self, Begin};
+use idem_core::wire::ReplayLayout;
 use idem_core::{args, wire, Completed, Error, State};
 use redis_module::raw;
 
@@ -39,7 +40,11 @@ struct Waiter {
     fingerprint: [u8; 32],
     ttl_ms: u64,
     lease_ms: u64,
+    replay: ReplayLayout,
 }
+
+/// The layout argument of answers that carry no replay (it is not read).
+const FIELDS: ReplayLayout = ReplayLayout::Fields;
 
 #[derive(Default)]
 struct KeyWaiters {
@@ -66,7 +71,7 @@ static WAITERS: Shared<Registry> = Shared::new(Registry {
 /// What a woken waiter is answered.
 enum Answer {
     New(u64),
-    Replay(Completed),
+    Replay(Completed, ReplayLayout),
     Mismatch,
     InFlight(u64),
     Error(Error),
@@ -103,6 +108,7 @@ pub fn wait(call: &Call, req: &args::Begin, lease_until: u64) -> bool {
         fingerprint: req.fingerprint,
         ttl_ms: req.ttl_ms,
         lease_ms: req.lease_ms,
+        replay: req.replay,
     });
     arm_timer(call.ctx, entry, &key_id, lease_until);
     true
@@ -248,6 +254,7 @@ fn settle_named(ctx: Ctx, id: &KeyId, name: Name) {
             ttl_ms: waiter.ttl_ms,
             lease_ms: waiter.lease_ms,
             wait_ms: None,
+            replay: waiter.replay,
         };
         // Taken out below to be answered, or put back to wait on.
         let mut waiter = Some(waiter);
@@ -285,7 +292,7 @@ fn settle_named(ctx: Ctx, id: &KeyId, name: Name) {
                 }
                 None
             }
-            Begin::Replay(c) => Some((Answer::Replay(c.clone()), None)),
+            Begin::Replay(c) => Some((Answer::Replay(c.clone(), req.replay), None)),
             Begin::Mismatch => Some((Answer::Mismatch, None)),
         };
         drop(handle);
@@ -325,7 +332,7 @@ fn lease_end(state: &State) -> u64 {
 }
 
 fn answer(bc: BlockedClient, answer: Answer) {
-    if matches!(answer, Answer::Replay(_)) {
+    if matches!(answer, Answer::Replay(..)) {
         stats::WAITS_REPLAY.incr();
         stats::REPLAY.incr();
     }
@@ -347,13 +354,13 @@ extern "C" fn on_reply(
         };
         let mut reply = ctx.reply();
         match answer {
-            Answer::New(token) => wire::Begin::New { token: *token }.write(&mut reply),
-            Answer::Replay(c) => wire::Begin::Replay(c).write(&mut reply),
-            Answer::Mismatch => wire::Begin::Mismatch.write(&mut reply),
+            Answer::New(token) => wire::Begin::New { token: *token }.write(&mut reply, FIELDS),
+            Answer::Replay(c, layout) => wire::Begin::Replay(c).write(&mut reply, *layout),
+            Answer::Mismatch => wire::Begin::Mismatch.write(&mut reply, FIELDS),
             Answer::InFlight(ms) => wire::Begin::InFlight {
                 retry_after_ms: *ms,
             }
-            .write(&mut reply),
+            .write(&mut reply, FIELDS),
             Answer::Error(e) => reply.error(e),
         }
     });

@@ -356,6 +356,59 @@ fn replay_shape_binary_bodies_and_headers() {
 }
 
 #[test]
+fn packed_replays_carry_the_same_response_in_one_string() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    let t = begin(&mut c, "empty", "fp", 60).token();
+    complete(&mut c, "empty", t, 204, b"", &[]);
+    // body | status | header count | body length (README: IDEM.BEGIN).
+    assert_eq!(
+        ok(&mut c, &["IDEM.BEGIN", "empty", "fp", "60", "PACKED"]),
+        Value::Array(vec![
+            Value::BulkString(b"replay".to_vec()),
+            Value::BulkString(b"\0\xcc\0\0\0\0\0\0\0\0".to_vec()),
+        ])
+    );
+
+    let body: Vec<u8> = (0..=255u8).chain([0, 0, 255]).collect();
+    let t = begin(&mut c, "bin", "fp", 60).token();
+    let headers = [
+        ("set-cookie", "a=1"),
+        ("set-cookie", "b=2"),
+        ("x-empty", ""),
+    ];
+    complete(&mut c, "bin", t, 201, &body, &headers);
+    let fields = begin(&mut c, "bin", "fp", 60);
+    let v = ok(&mut c, &["IDEM.BEGIN", "bin", "fp", "60", "packed"]);
+    assert_eq!(array(&v).len(), 2, "{v:?}");
+    assert_eq!(Outcome::parse(&v), fields);
+    assert_eq!(
+        fields,
+        Outcome::Replay {
+            status: 201,
+            body,
+            headers: flat_headers(&headers),
+        }
+    );
+
+    // The other outcomes do not change shape.
+    let v = ok(&mut c, &["IDEM.BEGIN", "k", "fp", "60", "PACKED"]);
+    assert_eq!(array(&v).len(), 2);
+    assert_eq!(array(&v)[0], Value::BulkString(b"new".to_vec()));
+    let v = ok(&mut c, &["IDEM.BEGIN", "k", "fp", "60", "PACKED"]);
+    assert_eq!(array(&v)[0], Value::BulkString(b"in_flight".to_vec()));
+    assert_eq!(
+        ok(&mut c, &["IDEM.BEGIN", "k", "other", "60", "PACKED"]),
+        Value::Array(vec![Value::BulkString(b"mismatch".to_vec())])
+    );
+    assert_err(
+        &mut c,
+        &["IDEM.BEGIN", "k", "fp", "60", "PACKED", "1"],
+        "BADARG",
+    );
+}
+
+#[test]
 fn reply_types_are_exact() {
     let s = RedisServer::start();
     let mut c = s.conn();

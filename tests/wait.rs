@@ -19,6 +19,21 @@ fn begin_wait(con: &mut Connection, key: &str, fp: &str, wait_ms: u64) -> Outcom
     ))
 }
 
+/// As `begin_wait` with `PACKED`; the raw reply too.
+fn begin_wait_packed(con: &mut Connection, key: &str, wait_ms: u64) -> (Outcome, redis::Value) {
+    let args = [
+        "IDEM.BEGIN",
+        key,
+        "fp",
+        "60",
+        "WAIT",
+        &wait_ms.to_string(),
+        "PACKED",
+    ];
+    let v = ok(con, &args);
+    (Outcome::parse(&v), v)
+}
+
 /// Starts `n` clients that each BEGIN ... WAIT on `key`; returns their
 /// outcomes and how long each waited, once all are answered.
 fn waiters(
@@ -111,6 +126,36 @@ fn hundred_duplicates_get_the_replay_when_the_holder_completes() {
             info["idem_in_flight"]
         ),
         (99, 0, 0)
+    );
+}
+
+#[test]
+fn a_packed_waiter_is_woken_with_a_packed_replay() {
+    let server = RedisServer::start();
+    let mut holder = server.conn();
+    let token = begin(&mut holder, "k", "fp", 60).token();
+    let mut packed = server.conn();
+    let waiting = thread::spawn(move || begin_wait_packed(&mut packed, "k", 10_000));
+    let plain = waiters(&server, "k", 1, 10_000);
+    wait_for_waiters(&mut holder, 2);
+    let headers = [("content-type", "application/json")];
+    complete(&mut holder, "k", token, 201, b"{\"id\":7}", &headers);
+    let expected = Outcome::Replay {
+        status: 201,
+        body: b"{\"id\":7}".to_vec(),
+        headers: flat_headers(&headers),
+    };
+    let (outcome, reply) = waiting.join().unwrap();
+    assert_eq!(outcome, expected);
+    assert_eq!(array(&reply).len(), 2, "packed: {reply:?}");
+    let plain = plain.join().unwrap();
+    assert_eq!(plain[0].0, expected);
+    // A waiter that timed out answers in_flight whatever its layout.
+    let token = begin(&mut holder, "k2", "fp", 60).token();
+    let (outcome, _) = begin_wait_packed(&mut holder, "k2", 50);
+    assert!(
+        matches!(outcome, Outcome::InFlight(_)),
+        "{outcome:?} for {token}"
     );
 }
 

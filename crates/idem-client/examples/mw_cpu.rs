@@ -7,7 +7,8 @@
 //! MW_MODE: bare, ping, new (a fresh key per request), replay (one key), or
 //! pieces (the fingerprint and its parts, in ns). MW_REQUESTS (20000),
 //! MW_CONCURRENCY (32), MW_THREADS (0: a current-thread runtime, which
-//! callgrind counts repeatably; else that many workers).
+//! callgrind counts repeatably; else that many workers), MW_PACKED (1: the
+//! client asks for packed replays; 0: the four-field reply).
 
 use std::time::Instant;
 
@@ -161,7 +162,11 @@ fn main() {
         let manager = redis::aio::ConnectionManager::new(redis.client())
             .await
             .unwrap();
-        let client = IdemClient::standalone(redis.client()).await.unwrap();
+        let packed = std::env::var("MW_PACKED").map_or(true, |v| v != "0");
+        let client = IdemClient::standalone(redis.client())
+            .await
+            .unwrap()
+            .with_packed_replies(packed);
         let layer = IdempotencyLayer::new(client)
             .tenant_header(http::HeaderName::from_static("x-account-id"));
         let service = layer.layer(tower::service_fn(handler::<IdemBody<Full<Bytes>>>));

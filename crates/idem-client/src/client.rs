@@ -1,10 +1,13 @@
 //! `IdemClient`: the IDEM.* commands over any async redis-rs connection
 //! (multiplexed, connection manager, cluster), each call bounded by a timeout.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::args::{self, Abort, BeginArgs, CompleteArgs, Encode, KeyToken, Touch};
+use idem_core::wire::ReplayLayout;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Value};
@@ -45,6 +48,10 @@ pub struct IdemClient<C> {
     conn: C,
     wait_connections: Option<Arc<dyn WaitConnections>>,
     call_timeout: Duration,
+    /// Whether BEGIN asks for packed replays (`PACKED`): on until a module
+    /// from before the option refuses it, then off for this client and its
+    /// clones.
+    packed: Arc<AtomicBool>,
 }
 
 impl<C> std::fmt::Debug for IdemClient<C> {
@@ -52,6 +59,7 @@ impl<C> std::fmt::Debug for IdemClient<C> {
         f.debug_struct("IdemClient")
             .field("call_timeout", &self.call_timeout)
             .field("can_wait", &self.wait_connections.is_some())
+            .field("packed", &self.packed.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +100,7 @@ impl<C> IdemClient<C> {
             conn,
             wait_connections: None,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            packed: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -105,6 +114,15 @@ impl<C> IdemClient<C> {
     /// with `IdemError::Unavailable`.
     pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
+        self
+    }
+
+    /// Whether BEGIN asks for replays packed into one string (default on;
+    /// they cost less to read). A module from before `PACKED` refuses the
+    /// option; the client then retries the call without it and stops asking,
+    /// so a rolling upgrade needs no setting.
+    pub fn with_packed_replies(self, packed: bool) -> Self {
+        self.packed.store(packed, Ordering::Relaxed);
         self
     }
 
@@ -136,16 +154,45 @@ where
             ),
             None => None,
         };
-        let first = parse_begin(
-            self.query(begin_cmd(key, fingerprint, options, None))
-                .await?,
-        )?;
+        let first = self
+            .query_begin(begin_args(key, fingerprint, options, None), |cmd| {
+                self.query(cmd)
+            })
+            .await?;
         match (first, wait, wait_connections) {
             (Outcome::InFlight { .. }, Some(wait), Some(connections)) => {
-                let cmd = begin_cmd(key, fingerprint, options, Some(wait));
-                parse_begin(connections.query(cmd, wait + self.call_timeout).await?)
+                let args = begin_args(key, fingerprint, options, Some(wait));
+                let bound = wait + self.call_timeout;
+                self.query_begin(args, |cmd| connections.query(cmd, bound))
+                    .await
             }
             (outcome, _, _) => Ok(outcome),
+        }
+    }
+
+    /// Sends a BEGIN through `query`, packed unless turned off. A refusal of
+    /// `PACKED` changed nothing on the server: the call is sent again without
+    /// it, and the option is off from then on.
+    async fn query_begin<F>(
+        &self,
+        mut args: BeginArgs<'_>,
+        query: impl Fn(Cmd) -> F,
+    ) -> Result<Outcome, IdemError>
+    where
+        F: Future<Output = Result<Value, IdemError>>,
+    {
+        if self.packed.load(Ordering::Relaxed) {
+            args.replay = ReplayLayout::Packed;
+        }
+        match query(args.to_cmd()).await {
+            Err(IdemError::BadArg(detail))
+                if args.replay == ReplayLayout::Packed && args::refuses_packed(&detail) =>
+            {
+                self.packed.store(false, Ordering::Relaxed);
+                args.replay = ReplayLayout::Fields;
+                parse_begin(query(args.to_cmd()).await?)
+            }
+            reply => parse_begin(reply?),
         }
     }
 
@@ -209,15 +256,21 @@ where
     }
 }
 
-fn begin_cmd(key: &str, fingerprint: &[u8], options: BeginOptions, wait: Option<Duration>) -> Cmd {
+/// BEGIN's arguments, with the default replay layout.
+fn begin_args<'a>(
+    key: &'a str,
+    fingerprint: &'a [u8],
+    options: BeginOptions,
+    wait: Option<Duration>,
+) -> BeginArgs<'a> {
     BeginArgs {
         key: key.as_bytes(),
         fingerprint,
         ttl_secs: args::ttl_secs(options.ttl),
         lease_ms: options.lease.map(millis),
         wait_ms: wait.map(millis),
+        replay: ReplayLayout::Fields,
     }
-    .to_cmd()
 }
 
 /// Whole milliseconds (rounded up), at least 1.
@@ -232,7 +285,7 @@ mod tests {
     #[test]
     fn begin_command_carries_lease_and_wait() {
         let opts = BeginOptions::new(Duration::from_secs(60)).lease(Duration::from_millis(250));
-        let cmd = begin_cmd("k", b"fp", opts, Some(Duration::from_millis(40)));
+        let cmd = begin_args("k", b"fp", opts, Some(Duration::from_millis(40))).to_cmd();
         let args: Vec<Vec<u8>> = cmd
             .args_iter()
             .map(|a| match a {

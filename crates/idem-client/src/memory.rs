@@ -247,7 +247,7 @@ impl MemoryStore {
                         wire::Begin::InFlight { retry_after_ms }
                     }
                 };
-                return Ok(Resp::write(|sink| reply.write(sink)));
+                return Ok(Resp::write(|sink| reply.write(sink, req.replay)));
             };
             let deadline = deadline.expect("only a waiting BEGIN gets here");
             let lapse = Instant::now() + Duration::from_millis(retry_after_ms);

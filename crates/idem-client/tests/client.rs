@@ -269,3 +269,85 @@ async fn a_wait_shorter_than_the_work_answers_in_flight() {
         "the connection went back to the pool"
     );
 }
+
+/// A stand-in for a module from before `PACKED`, on a real socket: it
+/// refuses the option as such a module does (`BADARG unknown option
+/// 'PACKED'`), answers any other BEGIN with a four-field replay, and records
+/// every BEGIN it is sent.
+fn old_module() -> (u16, Arc<std::sync::Mutex<Vec<Vec<String>>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut out = stream.try_clone().unwrap();
+                let mut input = BufReader::new(stream);
+                let mut line = String::new();
+                let mut read_line = |input: &mut BufReader<_>| {
+                    line.clear();
+                    (input.read_line(&mut line).unwrap_or(0) > 0)
+                        .then(|| line.trim_end().to_string())
+                };
+                while let Some(head) = read_line(&mut input) {
+                    let n: usize = head.trim_start_matches('*').parse().unwrap();
+                    let mut args = Vec::new();
+                    for _ in 0..n {
+                        let len: usize = read_line(&mut input).unwrap()[1..].parse().unwrap();
+                        let mut arg = vec![0; len + 2];
+                        std::io::Read::read_exact(&mut input, &mut arg).unwrap();
+                        arg.truncate(len);
+                        args.push(String::from_utf8_lossy(&arg).into_owned());
+                    }
+                    let reply: &[u8] = if args[0] != "IDEM.BEGIN" {
+                        b"+OK\r\n"
+                    } else if args.iter().any(|a| a.eq_ignore_ascii_case("PACKED")) {
+                        b"-BADARG unknown option 'PACKED'\r\n"
+                    } else {
+                        b"*4\r\n$6\r\nreplay\r\n:201\r\n$2\r\n{}\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n"
+                    };
+                    if args[0] == "IDEM.BEGIN" {
+                        log.lock().unwrap().push(args);
+                    }
+                    if out.write_all(reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[tokio::test]
+async fn a_module_without_packed_replies_gets_the_four_field_replay() {
+    let (port, seen) = old_module();
+    let redis = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let client = IdemClient::new(redis.get_multiplexed_async_connection().await.unwrap());
+    let twin = client.clone();
+    let expected = Outcome::Replay(StoredResponse::new(201, "{}").with_header("a", "b"));
+    assert_eq!(client.begin("k", b"fp", opts()).await.unwrap(), expected);
+    // The clone shares what the first call learnt: no second refusal.
+    assert_eq!(twin.begin("k", b"fp", opts()).await.unwrap(), expected);
+    let packed = |args: &Vec<String>| args.iter().any(|a| a == "PACKED");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.iter().map(packed).collect::<Vec<_>>(),
+        [true, false, false],
+        "{seen:?}"
+    );
+    // Past the option, the retry is the same command.
+    assert_eq!(seen[0][..seen[0].len() - 1], seen[1][..]);
+
+    // Turned off from the start, the option is never sent.
+    let (port, seen) = old_module();
+    let redis = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let off = IdemClient::new(redis.get_multiplexed_async_connection().await.unwrap())
+        .with_packed_replies(false);
+    assert_eq!(off.begin("k", b"fp", opts()).await.unwrap(), expected);
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}

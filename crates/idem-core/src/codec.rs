@@ -174,38 +174,19 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::wire::test_support::any_completed;
     use proptest::prelude::*;
 
     fn arb_record() -> impl Strategy<Value = Record> {
-        let completed = (
-            100u16..600,
-            proptest::collection::vec(any::<u8>(), 0..300),
-            proptest::collection::vec(
-                (
-                    proptest::collection::vec(any::<u8>(), 0..20),
-                    proptest::collection::vec(any::<u8>(), 0..20),
-                ),
-                0..4,
-            ),
-            any::<u64>(),
-            any::<bool>(),
-        )
-            .prop_map(|(status, body, headers, completed_at, pending)| {
-                State::Completed(Completed {
-                    status,
-                    body,
-                    headers: headers
-                        .into_iter()
-                        .map(|(name, value)| Header { name, value })
-                        .collect(),
-                    completed_at,
-                    mirror: if pending {
-                        MirrorState::Pending
-                    } else {
-                        MirrorState::Mirrored
-                    },
-                })
-            });
+        let completed = (any_completed(300), any::<u64>(), any::<bool>()).prop_map(
+            |(mut c, completed_at, pending)| {
+                c.completed_at = completed_at;
+                if !pending {
+                    c.mirror = MirrorState::Mirrored;
+                }
+                State::Completed(c)
+            },
+        );
         let state = prop_oneof![
             any::<u64>().prop_map(|lease_until| State::InProgress { lease_until }),
             completed,

@@ -141,6 +141,7 @@ mod tests {
             ttl_ms: 60_000,
             lease_ms,
             wait_ms: None,
+            replay: crate::wire::ReplayLayout::Fields,
         }
     }
 

@@ -4,6 +4,7 @@
 //! do). Held to the parsers by `parse(encode(x)) == x` property tests below.
 
 use super::{name, BeginArgs, Complete, KeyToken, Pull, Touch};
+use crate::wire::ReplayLayout;
 
 /// Where an encoder writes arguments: a redis-rs `Cmd` (feature `redis`),
 /// a `Vec<Vec<u8>>`, or `ArgSize` to measure first.
@@ -105,6 +106,9 @@ impl Encode for BeginArgs<'_> {
         if let Some(ms) = self.wait_ms {
             out.arg(b"WAIT");
             out.uint(ms);
+        }
+        if self.replay == ReplayLayout::Packed {
+            out.arg(b"PACKED");
         }
     }
 }
@@ -257,8 +261,10 @@ mod tests {
             ttl in 1..=LIMITS.max_ttl_secs,
             lease in prop::option::of(1..=MAX_MS),
             wait in prop::option::of(0..=MAX_MS),
+            packed: bool,
         ) {
-            let x = BeginArgs { key: &key, fingerprint: &fp, ttl_secs: ttl, lease_ms: lease, wait_ms: wait };
+            let replay = if packed { ReplayLayout::Packed } else { ReplayLayout::Fields };
+            let x = BeginArgs { key: &key, fingerprint: &fp, ttl_secs: ttl, lease_ms: lease, wait_ms: wait, replay };
             check_size(&x);
             let (name, encoded) = split(&x);
             prop_assert_eq!(name, name::BEGIN);
@@ -332,6 +338,7 @@ mod tests {
             ttl_secs: LIMITS.max_ttl_secs + 1,
             lease_ms: None,
             wait_ms: None,
+            replay: ReplayLayout::Fields,
         };
         let (_, encoded) = split(&x);
         assert_eq!(

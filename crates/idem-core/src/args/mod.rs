@@ -9,6 +9,7 @@ pub mod name;
 pub use encode::{Abort, Ack, ArgSink, ArgSize, CompleteArgs, Encode};
 
 use crate::record::STATUS_RANGE;
+use crate::wire::ReplayLayout;
 use crate::{Error, Header};
 
 /// Limits taken from the module's configs at call time.
@@ -41,6 +42,8 @@ pub struct BeginArgs<'a> {
     pub lease_ms: Option<u64>,
     /// `WAIT ms`: block up to this long instead of answering `in_flight`.
     pub wait_ms: Option<u64>,
+    /// `PACKED`: a replay as `["replay", packed]`.
+    pub replay: ReplayLayout,
 }
 
 impl<'a> BeginArgs<'a> {
@@ -53,6 +56,7 @@ impl<'a> BeginArgs<'a> {
             ttl_ms: self.ttl_secs * 1000,
             lease_ms: self.lease_ms.unwrap_or(limits.default_lease_ms),
             wait_ms: self.wait_ms,
+            replay: self.replay,
         }
     }
 }
@@ -66,6 +70,8 @@ pub struct Begin<'a> {
     pub lease_ms: u64,
     /// `WAIT ms`: block up to this long instead of answering `in_flight`.
     pub wait_ms: Option<u64>,
+    /// How a replay is laid out (`PACKED`).
+    pub replay: ReplayLayout,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -167,24 +173,30 @@ fn option_value<'a>(args: &[&'a [u8]], i: usize, name: &str) -> Result<&'a [u8],
         .ok_or_else(|| Error::bad_arg(format!("{name} needs a value")))
 }
 
-/// `key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`, resolved for the engine.
+/// `key fingerprint ttl-seconds [LEASE ms] [WAIT ms] [PACKED]`, resolved for the engine.
 pub fn begin<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Begin<'a>, Error> {
     Ok(begin_args(args, limits)?.resolve(limits))
 }
 
-/// `key fingerprint ttl-seconds [LEASE ms] [WAIT ms]`, as sent.
+/// `key fingerprint ttl-seconds [LEASE ms] [WAIT ms] [PACKED]`, as sent.
 pub fn begin_args<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<BeginArgs<'a>, Error> {
     arity(
         args,
         3,
-        "IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms]",
+        "IDEM.BEGIN key fingerprint ttl-seconds [LEASE ms] [WAIT ms] [PACKED]",
     )?;
     let ttl_secs = ranged(args[2], "ttl", 1, limits.max_ttl_secs)?;
     let mut lease_ms = None;
     let mut wait_ms = None;
+    let mut replay = ReplayLayout::Fields;
     let mut i = 3;
     while i < args.len() {
         let value = |name| option_value(args, i, name);
+        if args[i].eq_ignore_ascii_case(b"PACKED") {
+            replay = ReplayLayout::Packed;
+            i += 1;
+            continue;
+        }
         if args[i].eq_ignore_ascii_case(b"LEASE") {
             lease_ms = Some(ranged(value("LEASE")?, "LEASE", 1, MAX_MS)?);
         } else if args[i].eq_ignore_ascii_case(b"WAIT") {
@@ -200,6 +212,7 @@ pub fn begin_args<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<BeginArgs<'a
         ttl_secs,
         lease_ms,
         wait_ms,
+        replay,
     })
 }
 
@@ -311,10 +324,20 @@ pub fn pull(args: &[&[u8]], default_claim_ms: u64) -> Result<Pull, Error> {
 }
 
 fn unknown_option(arg: &[u8]) -> Error {
-    Error::bad_arg(format!(
+    Error::bad_arg(unknown_option_text(arg))
+}
+
+fn unknown_option_text(arg: &[u8]) -> String {
+    format!(
         "unknown option '{}'",
         String::from_utf8_lossy(&arg[..arg.len().min(64)])
-    ))
+    )
+}
+
+/// Whether a `BADARG` error's text (after the code word) is a module from
+/// before `PACKED` refusing that option of `IDEM.BEGIN`.
+pub fn refuses_packed(detail: &str) -> bool {
+    detail == unknown_option_text(b"PACKED")
 }
 
 #[cfg(test)]
@@ -358,6 +381,15 @@ mod tests {
         assert_eq!(b.fingerprint, crate::fingerprint(b"fp"));
         let b = begin(&a("k fp 1"), &LIMITS).unwrap();
         assert_eq!((b.lease_ms, b.wait_ms), (500, None));
+        assert_eq!(b.replay, ReplayLayout::Fields);
+        let b = begin(&a("k fp 1 packed LEASE 3"), &LIMITS).unwrap();
+        assert_eq!((b.lease_ms, b.replay), (3, ReplayLayout::Packed));
+        let b = begin(&a("k fp 1 WAIT 2 PACKED"), &LIMITS).unwrap();
+        assert_eq!((b.wait_ms, b.replay), (Some(2), ReplayLayout::Packed));
+        // What a module from before `PACKED` answers, and what clients detect.
+        let old = unknown_option(b"PACKED").to_string();
+        assert!(refuses_packed(old.strip_prefix("BADARG ").unwrap()));
+        assert!(!refuses_packed(&unknown_option_text(b"LEASE")));
     }
 
     #[test]
@@ -373,6 +405,8 @@ mod tests {
             "k fp 5 LEASE 0",
             "k fp 5 LEASE x",
             "k fp 5 FOO 1",
+            "k fp 5 PACKED 1",
+            "k fp 5 PACKEDX",
             "k fp 99999999999999999999999",
         ] {
             let e = begin(&a(bad), &LIMITS).unwrap_err();

@@ -1,9 +1,21 @@
 //! The `IDEM.BEGIN` reply: `["new", token]`, `["in_flight", retry_after_ms]`,
-//! `["replay", status, body, headers]` or `["mismatch"]`. Outcome words are
-//! bulk strings, so Lua scripts compare them as plain strings.
+//! `["replay", status, body, headers]` (or, with `PACKED`, `["replay",
+//! packed]`) or `["mismatch"]`. Outcome words are bulk strings, so Lua
+//! scripts compare them as plain strings.
 
+use super::packed::{unpack, with_packed};
 use super::{read_headers, read_status, uint, write_headers, Frame, ReplySink, WireError};
 use crate::{Completed, Header};
+
+/// How a replay is laid out; the caller picks it (`IDEM.BEGIN ... PACKED`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ReplayLayout {
+    /// `["replay", status, body, headers]`: what every client understands.
+    #[default]
+    Fields,
+    /// `["replay", packed]`, the response in one bulk string (`wire::packed`).
+    Packed,
+}
 
 /// A BEGIN outcome as the module writes it (the replay borrows the record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +44,7 @@ pub struct StoredResponse {
 }
 
 impl Begin<'_> {
-    pub fn write(&self, sink: &mut impl ReplySink) {
+    pub fn write(&self, sink: &mut impl ReplySink, layout: ReplayLayout) {
         match self {
             Begin::New { token } => {
                 sink.array(2);
@@ -43,6 +55,11 @@ impl Begin<'_> {
                 sink.array(2);
                 sink.bulk(b"in_flight");
                 uint(sink, *retry_after_ms);
+            }
+            Begin::Replay(c) if layout == ReplayLayout::Packed => {
+                sink.array(2);
+                sink.bulk(b"replay");
+                with_packed(c, |packed| sink.bulk(packed));
             }
             Begin::Replay(c) => {
                 sink.array(4);
@@ -65,8 +82,14 @@ impl BeginReply {
         let Frame::Array(mut items) = frame else {
             return BeginReply::parse(&frame);
         };
-        let is_replay = items.len() == 4 && items[0].bytes("BEGIN outcome").ok() == Some(b"replay");
-        if !is_replay {
+        let is_replay =
+            items.first().and_then(|f| f.bytes("BEGIN outcome").ok()) == Some(b"replay");
+        if is_replay && items.len() == 2 {
+            let packed =
+                std::mem::replace(&mut items[1], Frame::Null).into_bytes("packed replay")?;
+            return unpack(packed).map(BeginReply::Replay);
+        }
+        if !is_replay || items.len() != 4 {
             return BeginReply::parse(&Frame::Array(items));
         }
         let status = read_status(&items[1])?;
@@ -95,6 +118,9 @@ impl BeginReply {
             ("in_flight", [ms]) => Ok(BeginReply::InFlight {
                 retry_after_ms: positive(ms, "retry_after")?,
             }),
+            ("replay", [packed]) => {
+                unpack(packed.bytes("packed replay")?.to_vec()).map(BeginReply::Replay)
+            }
             ("replay", [status, body, headers]) => Ok(BeginReply::Replay(StoredResponse {
                 status: read_status(status)?,
                 body: body.bytes("body")?.to_vec(),
@@ -127,44 +153,27 @@ impl From<Begin<'_>> for BeginReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::test_support::any_completed;
     use crate::wire::Recorder;
-    use crate::MirrorState;
     use proptest::prelude::*;
-
-    fn completed(status: u16, body: Vec<u8>, headers: Vec<(Vec<u8>, Vec<u8>)>) -> Completed {
-        Completed {
-            status,
-            body,
-            headers: headers
-                .into_iter()
-                .map(|(name, value)| Header { name, value })
-                .collect(),
-            completed_at: 1,
-            mirror: MirrorState::Pending,
-        }
-    }
 
     proptest! {
         #[test]
         fn write_then_parse_round_trips(
             kind in 0..4u8,
+            packed: bool,
             n in 1..(1u64 << 53),
-            status in 100u16..600,
-            body in proptest::collection::vec(any::<u8>(), 0..64),
-            headers in proptest::collection::vec(
-                (proptest::collection::vec(any::<u8>(), 1..8), proptest::collection::vec(any::<u8>(), 0..8)),
-                0..4,
-            ),
+            c in any_completed(64),
         ) {
-            let c = completed(status, body, headers);
             let b = match kind {
                 0 => Begin::New { token: n },
                 1 => Begin::InFlight { retry_after_ms: n },
                 2 => Begin::Replay(&c),
                 _ => Begin::Mismatch,
             };
+            let layout = if packed { ReplayLayout::Packed } else { ReplayLayout::Fields };
             let mut r = Recorder::default();
-            b.write(&mut r);
+            b.write(&mut r, layout);
             let frames = r.into_frames();
             prop_assert_eq!(frames.len(), 1);
             prop_assert_eq!(BeginReply::parse(&frames[0]), Ok(BeginReply::from(b)));
@@ -199,6 +208,8 @@ mod tests {
                 Frame::Array(vec![]),
             ]),
             Frame::Array(vec![bulk("replay"), Frame::Int(200), bulk("")]),
+            Frame::Array(vec![bulk("replay"), Frame::Int(200)]),
+            Frame::Array(vec![bulk("replay"), bulk("short")]),
             Frame::Array(vec![bulk("maybe")]),
             Frame::Array(vec![bulk("mismatch"), Frame::Int(1)]),
         ] {

@@ -6,6 +6,7 @@
 //! | reply | writer | reader |
 //! |---|---|---|
 //! | `IDEM.BEGIN` outcome | `Begin::write` | `BeginReply::parse` |
+//! | a replay with `PACKED` | `packed::with_packed` | `packed::unpack` |
 //! | `IDEM.GET` record | `write_record` | `parse_record` |
 //! | `IDEM.MIRROR.PULL` batch | `write_pull_batch` | `parse_pull_batch` |
 //! | error replies | `Error` (`Display`) | `ErrorCode::from_reply` |
@@ -13,12 +14,13 @@
 mod begin;
 mod code;
 mod frame;
+mod packed;
 mod pulled;
 #[cfg(feature = "redis")]
 mod redis_value;
 mod view;
 
-pub use begin::{Begin, BeginReply, StoredResponse};
+pub use begin::{Begin, BeginReply, ReplayLayout, StoredResponse};
 pub use code::ErrorCode;
 pub use frame::{Frame, Recorder, WireError};
 pub use pulled::{parse_pull_batch, write_pull_batch, PulledRecord};
@@ -104,4 +106,36 @@ fn read_fingerprint(f: &Frame) -> Result<[u8; 32], WireError> {
 
 fn read_uint(f: &Frame, what: &str) -> Result<u64, WireError> {
     u64::try_from(f.int(what)?).map_err(|_| WireError::new(format!("{what} is negative")))
+}
+
+/// Test data shared by the wire's and the codec's tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use crate::{Completed, Header, MirrorState};
+    use proptest::prelude::*;
+
+    pub fn completed(status: u16, body: Vec<u8>, headers: Vec<(Vec<u8>, Vec<u8>)>) -> Completed {
+        Completed {
+            status,
+            body,
+            headers: headers
+                .into_iter()
+                .map(|(name, value)| Header { name, value })
+                .collect(),
+            completed_at: 1,
+            mirror: MirrorState::Pending,
+        }
+    }
+
+    /// Any storable response: status 100..=599, a body of up to `max_body`
+    /// bytes, up to 4 headers.
+    pub fn any_completed(max_body: usize) -> impl Strategy<Value = Completed> {
+        let bytes = |range| proptest::collection::vec(any::<u8>(), range);
+        (
+            100u16..600,
+            bytes(0..max_body),
+            proptest::collection::vec((bytes(0..12), bytes(0..12)), 0..5),
+        )
+            .prop_map(|(status, body, headers)| completed(status, body, headers))
+    }
 }
