@@ -10,7 +10,8 @@
 #      version's hash (no more), as INFO used_memory deltas over MEM_RECORDS.
 #   5. Redis' own time per call (INFO commandstats usec_per_call, reset
 #      before each phase), steadier than throughput on a shared machine:
-#      BEGIN new vs SET NX EX (<= 1.25x), BEGIN replay vs GET (<= 1.25x),
+#      BEGIN new vs SET NX EX (<= 1.25x), BEGIN replay vs GET (<= 1.25x;
+#      PACKED, as idem-client asks, and the four-field reply for reference),
 #      BEGIN in-flight and mismatch vs GET, COMPLETE vs SET EX of the same
 #      256-byte body (<= 1.5x; both called from the same Lua fill loop), and
 #      COMPLETE waking one WAIT client vs COMPLETE alone.
@@ -236,7 +237,7 @@ used_memory() {
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 declare -a R_BEGIN R_SET R_LUA R_REPLAY R_GET R_LUA_REPLAY
-declare -a U_BEGIN U_SET U_REPLAY U_GET U_INFLIGHT U_MISMATCH U_COMPLETE U_SETBODY U_WAKE U_NOWAKE
+declare -a U_BEGIN U_SET U_REPLAY U_REPLAY_FIELDS U_GET U_INFLIGHT U_MISMATCH U_COMPLETE U_SETBODY U_WAKE U_NOWAKE
 NINETY_NINE=$((REQUESTS * 99 / 100))
 LUA_NINETY_NINE=$((LUA_REQUESTS * 99 / 100))
 
@@ -319,13 +320,23 @@ fi
 
 echo "idem module benchmark: redis $(redis-server --version | awk '{ print $3 }' | cut -d= -f2)," \
     "port $PORT, $CLIENTS clients, pipeline $PIPELINE, $ROUNDS rounds (medians)" >&2
+# The replay as idem-client asks for it (PACKED: one bulk string).
 replay_phase() {
     cli CONFIG RESETSTAT >/dev/null
     local before
     before=$(info_field idem_replay idem)
-    R_REPLAY+=("$(bench "$REQUESTS" "$REPLAY_KEYS" IDEM.BEGIN "k:__rand_int__" "$FP" "$TTL")")
+    R_REPLAY+=("$(bench "$REQUESTS" "$REPLAY_KEYS" IDEM.BEGIN "k:__rand_int__" "$FP" "$TTL" PACKED)")
     at_least $(($(info_field idem_replay idem) - before)) "$REQUESTS" "BEGIN replay: replays"
     U_REPLAY+=("$(usec IDEM.BEGIN)")
+}
+# The four-field replay (clients that do not send PACKED).
+replay_fields_phase() {
+    cli CONFIG RESETSTAT >/dev/null
+    local before
+    before=$(info_field idem_replay idem)
+    bench "$REQUESTS" "$REPLAY_KEYS" IDEM.BEGIN "k:__rand_int__" "$FP" "$TTL" >/dev/null
+    at_least $(($(info_field idem_replay idem) - before)) "$REQUESTS" "BEGIN replay (fields): replays"
+    U_REPLAY_FIELDS+=("$(usec IDEM.BEGIN)")
 }
 get_phase() {
     cli CONFIG RESETSTAT >/dev/null
@@ -361,7 +372,11 @@ for round in $(seq "$ROUNDS"); do
     U_COMPLETE+=("$(usec IDEM.COMPLETE)")
     fill_strings "$REPLAY_KEYS" "v:%012d" "$BODY"
     U_SETBODY+=("$(usec set)")
-    if ((round % 2)); then replay_phase; get_phase; else get_phase; replay_phase; fi
+    if ((round % 2)); then
+        replay_phase; get_phase; replay_fields_phase
+    else
+        replay_fields_phase; get_phase; replay_phase
+    fi
     cli CONFIG RESETSTAT >/dev/null
     before=$(info_field idem_mismatch idem)
     bench "$REQUESTS" "$REPLAY_KEYS" IDEM.BEGIN "k:__rand_int__" "other-$FP" "$TTL" >/dev/null
@@ -493,6 +508,7 @@ printf '%.0s-' {1..102}
 echo
 urow "BEGIN new vs SET NX EX" "<=1.25" "${U_BEGIN[@]}" -- "${U_SET[@]}"
 urow "BEGIN replay (256 B) vs GET (256 B)" "<=1.25" "${U_REPLAY[@]}" -- "${U_GET[@]}"
+urow "  the same, four-field reply (no PACKED)" - "${U_REPLAY_FIELDS[@]}" -- "${U_GET[@]}"
 urow "BEGIN in-flight vs GET" - "${U_INFLIGHT[@]}" -- "${U_GET[@]}"
 urow "BEGIN mismatch vs GET" - "${U_MISMATCH[@]}" -- "${U_GET[@]}"
 urow "COMPLETE (256 B) vs SET EX (256 B), in Lua" "<=1.50" "${U_COMPLETE[@]}" -- "${U_SETBODY[@]}"
@@ -507,7 +523,7 @@ echo "  GET          ${R_GET[*]}"
 echo "  Lua replay   ${R_LUA_REPLAY[*]}"
 echo "per round (usec_per_call):"
 echo "  BEGIN new ${U_BEGIN[*]} | SET NX ${U_SET[*]}"
-echo "  replay ${U_REPLAY[*]} | in-flight ${U_INFLIGHT[*]} | mismatch ${U_MISMATCH[*]} | GET ${U_GET[*]}"
+echo "  replay ${U_REPLAY[*]} | four-field ${U_REPLAY_FIELDS[*]} | in-flight ${U_INFLIGHT[*]} | mismatch ${U_MISMATCH[*]} | GET ${U_GET[*]}"
 echo "  COMPLETE ${U_COMPLETE[*]} | SET EX ${U_SETBODY[*]} | wake ${U_WAKE[*]} | no wake ${U_NOWAKE[*]}"
 echo "requests: $REQUESTS per phase ($LUA_REQUESTS for Lua), fingerprint: 32 B, keys: 36 B (memory), body: 256 B," \
     "$MEM_RECORDS records per memory variant"
