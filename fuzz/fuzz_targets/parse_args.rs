@@ -22,6 +22,9 @@ fuzz_target!(|data: &[u8]| {
         args::pull(&a, 30_000).err(),
     ];
     for e in codes.into_iter().flatten() {
-        assert!(matches!(e.code(), ErrorCode::BadArg | ErrorCode::TooLarge), "{e}");
+        assert!(
+            matches!(e.code(), ErrorCode::BadArg | ErrorCode::TooLarge),
+            "{e}"
+        );
     }
 });
