@@ -120,9 +120,10 @@ impl<C> IdemClient<C> {
     /// Whether BEGIN asks for replays packed into one string (default on;
     /// they cost less to read). A module from before `PACKED` refuses the
     /// option; the client then retries the call without it and stops asking,
-    /// so a rolling upgrade needs no setting.
-    pub fn with_packed_replies(self, packed: bool) -> Self {
-        self.packed.store(packed, Ordering::Relaxed);
+    /// so a rolling upgrade needs no setting. The setting is this client's
+    /// and its later clones', not shared with clones made before.
+    pub fn with_packed_replies(mut self, packed: bool) -> Self {
+        self.packed = Arc::new(AtomicBool::new(packed));
         self
     }
 

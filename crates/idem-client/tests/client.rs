@@ -343,11 +343,18 @@ async fn a_module_without_packed_replies_gets_the_four_field_replay() {
     // Past the option, the retry is the same command.
     assert_eq!(seen[0][..seen[0].len() - 1], seen[1][..]);
 
-    // Turned off from the start, the option is never sent.
+    // Turned off from the start, the option is never sent; the setting is
+    // not shared with a clone made before it.
     let (port, seen) = old_module();
     let redis = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
-    let off = IdemClient::new(redis.get_multiplexed_async_connection().await.unwrap())
-        .with_packed_replies(false);
+    let base = IdemClient::new(redis.get_multiplexed_async_connection().await.unwrap());
+    let off = base.clone().with_packed_replies(false);
     assert_eq!(off.begin("k", b"fp", opts()).await.unwrap(), expected);
-    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert_eq!(base.begin("k", b"fp", opts()).await.unwrap(), expected);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.iter().map(packed).collect::<Vec<_>>(),
+        [false, true, false],
+        "{seen:?}"
+    );
 }
