@@ -122,17 +122,40 @@ impl RedisServer {
     }
 
     pub fn start_with(config: RedisConfig) -> Self {
+        Self::start_on(config, free_port())
+    }
+
+    /// Starts on `port`, or on a fresh one when another socket took `port`
+    /// after it was found free: any ephemeral bind on the machine (a client
+    /// connecting anywhere) can win that race.
+    fn start_on(config: RedisConfig, port: u16) -> Self {
+        const ATTEMPTS: usize = 5;
         let mut server = RedisServer {
-            port: free_port(),
+            port,
             dir: scratch_dir("redis"),
             config,
             child: None,
         };
+        for _ in 1..ATTEMPTS {
+            match server.try_spawn() {
+                Ok(()) => return server,
+                Err(log) if lost_port(&log, server.port) => server.port = free_port(),
+                Err(log) => panic!("redis-server exited; log:\n{log}"),
+            }
+        }
         server.spawn();
         server
     }
 
     fn spawn(&mut self) {
+        if let Err(log) = self.try_spawn() {
+            panic!("redis-server exited; log:\n{log}");
+        }
+    }
+
+    /// Starts the server and waits until it answers; `Err(log)` when it
+    /// exited instead.
+    fn try_spawn(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "server already running");
         let mut cmd = Command::new(server_binary());
         cmd.arg("--port")
@@ -151,10 +174,10 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         self.child = Some(cmd.spawn().expect("spawn redis-server (is it installed?)"));
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self
@@ -162,12 +185,15 @@ impl RedisServer {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("redis-server exited ({status}); log:\n{}", self.log());
+                self.child = None;
+                return Err(format!("({status})\n{}", self.log()));
             }
             if let Ok(mut c) = self.client().get_connection() {
+                // Bounded: until the server listens, the port may be anyone's.
+                let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
                 let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
                 if pong.is_ok() {
-                    return;
+                    return Ok(());
                 }
             }
             assert!(
@@ -240,6 +266,13 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether a server's log says it could not listen on `port` because another
+/// socket has it (the wording of Redis and Valkey alike).
+fn lost_port(log: &str, port: u16) -> bool {
+    let listen = format!("127.0.0.1:{port}: bind: Address already in use");
+    log.lines().any(|line| line.contains(&listen))
 }
 
 /// The Postgres server tests use: `$DATABASE_URL`, else the local one.
@@ -373,4 +406,30 @@ macro_rules! both_layouts {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_taken_after_it_was_found_free_moves_the_server() {
+        // As in the race: a client's connection took the port as its own end.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let port = client.local_addr().unwrap().port();
+        let server = RedisServer::start_on(RedisConfig::default(), port);
+        assert_ne!(server.port, port);
+        let pong: String = redis::cmd("PING").query(&mut server.conn()).unwrap();
+        assert_eq!(pong, "PONG");
+        assert!(lost_port(&server.log(), port), "{}", server.log());
+    }
+
+    #[test]
+    fn only_the_servers_own_port_counts_as_lost() {
+        let log = "# Could not create server TCP listening socket 127.0.0.1:4321: bind: Address already in use";
+        assert!(lost_port(log, 4321));
+        assert!(!lost_port(log, 432));
+        assert!(!lost_port(log, 1234));
+    }
 }
