@@ -3,7 +3,7 @@
 //! and the writer never spell a command by hand (tests of bad input still
 //! do). Held to the parsers by `parse(encode(x)) == x` property tests below.
 
-use super::{name, BeginArgs, Complete, KeyToken, Pull, Touch};
+use super::{name, BeginArgs, Complete, KeyToken, Pull, Touch, PACKED};
 use crate::wire::ReplayLayout;
 
 /// Where an encoder writes arguments: a redis-rs `Cmd` (feature `redis`),
@@ -108,7 +108,7 @@ impl Encode for BeginArgs<'_> {
             out.uint(ms);
         }
         if self.replay == ReplayLayout::Packed {
-            out.arg(b"PACKED");
+            out.arg(PACKED.as_bytes());
         }
     }
 }

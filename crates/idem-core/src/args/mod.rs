@@ -105,6 +105,9 @@ pub struct Pull {
     pub block_ms: Option<u64>,
 }
 
+/// `IDEM.BEGIN`'s flag for a packed replay (`wire::ReplayLayout::Packed`).
+pub const PACKED: &str = "PACKED";
+
 /// Longest lease or wait accepted: a year, far beyond any sane value, and small
 /// enough that `now + lease` never overflows.
 pub const MAX_MS: u64 = 366 * 24 * 3600 * 1000;
@@ -192,7 +195,7 @@ pub fn begin_args<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<BeginArgs<'a
     let mut i = 3;
     while i < args.len() {
         let value = |name| option_value(args, i, name);
-        if args[i].eq_ignore_ascii_case(b"PACKED") {
+        if args[i].eq_ignore_ascii_case(PACKED.as_bytes()) {
             replay = ReplayLayout::Packed;
             i += 1;
             continue;
@@ -337,7 +340,7 @@ fn unknown_option_text(arg: &[u8]) -> String {
 /// Whether a `BADARG` error's text (after the code word) is a module from
 /// before `PACKED` refusing that option of `IDEM.BEGIN`.
 pub fn refuses_packed(detail: &str) -> bool {
-    detail == unknown_option_text(b"PACKED")
+    detail == unknown_option_text(PACKED.as_bytes())
 }
 
 #[cfg(test)]

@@ -84,13 +84,14 @@ impl BeginReply {
         };
         let is_replay =
             items.first().and_then(|f| f.bytes("BEGIN outcome").ok()) == Some(b"replay");
-        if is_replay && items.len() == 2 {
-            let packed =
-                std::mem::replace(&mut items[1], Frame::Null).into_bytes("packed replay")?;
-            return unpack(packed).map(BeginReply::Replay);
-        }
-        if !is_replay || items.len() != 4 {
-            return BeginReply::parse(&Frame::Array(items));
+        match (is_replay, items.len()) {
+            (true, 2) => {
+                let packed =
+                    std::mem::replace(&mut items[1], Frame::Null).into_bytes("packed replay")?;
+                return unpack(packed).map(BeginReply::Replay);
+            }
+            (true, 4) => {}
+            _ => return BeginReply::parse(&Frame::Array(items)),
         }
         let status = read_status(&items[1])?;
         let headers = read_headers(&items[3])?;
