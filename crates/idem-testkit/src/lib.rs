@@ -10,9 +10,12 @@ pub mod info;
 pub mod postgres_server;
 pub mod wire;
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The built module: `$IDEM_MODULE`, else the newest of the workspace's
@@ -49,14 +52,54 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// A TCP port nobody listens on right now (never 6379).
+/// A TCP port nobody listens on right now, never handed out twice by this
+/// process, never 6379 or 6390 (the machine's Redis and the main job's).
+///
+/// It comes from outside the kernel's ephemeral range: a port found free by
+/// binding port 0 lies inside it, and any client connecting anywhere on the
+/// machine could take it as its own end before the server binds it.
 pub fn free_port() -> u16 {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let Some(pool) = port_pool() else {
+        return ephemeral_port(); // no room outside the range: the old way
+    };
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = rand::random_range(pool.clone());
+        if port != 6379
+            && port != 6390
+            && !handed_out.contains(&port)
+            && TcpListener::bind(("127.0.0.1", port)).is_ok()
+        {
+            handed_out.insert(port);
+            return port;
+        }
+    }
+}
+
+/// Ports below the kernel's ephemeral range (10000 and up), else above it;
+/// `None` when neither leaves 1000 ports.
+fn port_pool() -> Option<RangeInclusive<u16>> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
+    let (low, high) = (bounds.next()??, bounds.next()??);
+    if low > 11_000 {
+        Some(10_000..=low - 1)
+    } else if high < 64_535 {
+        Some(high + 1..=65_535)
+    } else {
+        None
+    }
+}
+
+/// A port the kernel hands out for `127.0.0.1:0` (inside its ephemeral range).
+fn ephemeral_port() -> u16 {
     loop {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("bind an ephemeral port")
             .port();
-        if port != 6379 {
+        if port != 6379 && port != 6390 {
             return port;
         }
     }
@@ -423,6 +466,26 @@ mod tests {
         let pong: String = redis::cmd("PING").query(&mut server.conn()).unwrap();
         assert_eq!(pong, "PONG");
         assert!(lost_port(&server.log(), port), "{}", server.log());
+    }
+
+    #[test]
+    fn free_ports_lie_outside_the_ephemeral_range_and_are_never_repeated() {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let [low, high] = [0, 1].map(|i| {
+            range
+                .split_whitespace()
+                .nth(i)
+                .unwrap()
+                .parse::<u16>()
+                .unwrap()
+        });
+        let ports: Vec<u16> = (0..500).map(|_| free_port()).collect();
+        for &port in &ports {
+            assert!(!(low..=high).contains(&port), "{port} is in {low}..={high}");
+            assert!(![6379, 6390].contains(&port));
+        }
+        let distinct: BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
     }
 
     #[test]
