@@ -198,6 +198,17 @@ mod tests {
             },
             completed(99),
             completed(600),
+            {
+                // COMPLETE refuses a header without a name; so do loads.
+                let mut r = completed(200);
+                if let State::Completed(c) = &mut r.state {
+                    c.headers.push(Header {
+                        name: vec![],
+                        value: b"v".to_vec(),
+                    });
+                }
+                r
+            },
         ] {
             assert!(matches!(bad.validate(), Err(Error::Corrupt(_))), "{bad:?}");
         }
