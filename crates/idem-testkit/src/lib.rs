@@ -52,8 +52,11 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Ports the test kit never hands out: the machine's Redis and the main job's.
+const RESERVED_PORTS: [u16; 2] = [6379, 6390];
+
 /// A TCP port nobody listens on right now, never handed out twice by this
-/// process, never 6379 or 6390 (the machine's Redis and the main job's).
+/// process, never one of `RESERVED_PORTS`.
 ///
 /// It comes from outside the kernel's ephemeral range: a port found free by
 /// binding port 0 lies inside it, and any client connecting anywhere on the
@@ -66,8 +69,7 @@ pub fn free_port() -> u16 {
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         let port = rand::random_range(pool.clone());
-        if port != 6379
-            && port != 6390
+        if !RESERVED_PORTS.contains(&port)
             && !handed_out.contains(&port)
             && TcpListener::bind(("127.0.0.1", port)).is_ok()
         {
@@ -80,9 +82,7 @@ pub fn free_port() -> u16 {
 /// Ports below the kernel's ephemeral range (10000 and up), else above it;
 /// `None` when neither leaves 1000 ports.
 fn port_pool() -> Option<RangeInclusive<u16>> {
-    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
-    let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
-    let (low, high) = (bounds.next()??, bounds.next()??);
+    let (low, high) = ephemeral_range()?.into_inner();
     if low > 11_000 {
         Some(10_000..=low - 1)
     } else if high < 64_535 {
@@ -92,6 +92,13 @@ fn port_pool() -> Option<RangeInclusive<u16>> {
     }
 }
 
+/// The kernel's ephemeral port range (`ip_local_port_range`).
+fn ephemeral_range() -> Option<RangeInclusive<u16>> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut bounds = text.split_whitespace().map(|n| n.parse::<u16>().ok());
+    Some(bounds.next()??..=bounds.next()??)
+}
+
 /// A port the kernel hands out for `127.0.0.1:0` (inside its ephemeral range).
 fn ephemeral_port() -> u16 {
     loop {
@@ -99,7 +106,7 @@ fn ephemeral_port() -> u16 {
             .and_then(|l| l.local_addr())
             .expect("bind an ephemeral port")
             .port();
-        if port != 6379 && port != 6390 {
+        if !RESERVED_PORTS.contains(&port) {
             return port;
         }
     }
@@ -470,18 +477,10 @@ mod tests {
 
     #[test]
     fn free_ports_lie_outside_the_ephemeral_range_and_are_never_repeated() {
-        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
-        let [low, high] = [0, 1].map(|i| {
-            range
-                .split_whitespace()
-                .nth(i)
-                .unwrap()
-                .parse::<u16>()
-                .unwrap()
-        });
+        let range = ephemeral_range().expect("ip_local_port_range");
         let ports: Vec<u16> = (0..500).map(|_| free_port()).collect();
         for &port in &ports {
-            assert!(!(low..=high).contains(&port), "{port} is in {low}..={high}");
+            assert!(!range.contains(&port), "{port} is in {range:?}");
             assert!(![6379, 6390].contains(&port));
         }
         let distinct: BTreeSet<u16> = ports.iter().copied().collect();
