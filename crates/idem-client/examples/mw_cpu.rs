@@ -5,7 +5,10 @@
 //! handler's (`bare`: the handler alone; `ping`: plus one redis-rs round trip).
 //!
 //! MW_MODE: bare, ping, new (a fresh key per request), replay (one key), or
-//! pieces (the fingerprint and its parts, in ns). MW_REQUESTS (20000),
+//! pieces (the fingerprint and its parts, in ns). Two references for what a
+//! round trip costs without redis-rs, each a PING plus the bare handler:
+//! floor (a minimal multiplexer: one socket, a writer and a reader task, no
+//! RESP parsing) and direct (each request on a socket of its own from a pool). MW_REQUESTS (20000),
 //! MW_CONCURRENCY (32), MW_THREADS (0: a current-thread runtime, which
 //! callgrind counts repeatably; else that many workers), MW_PACKED (1: the
 //! client asks for packed replays; 0: the four-field reply).
@@ -43,6 +46,103 @@ fn cpu_seconds() -> f64 {
 fn thread_ns() -> u64 {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
     text.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The round-trip references (`floor`, `direct`): PING without redis-rs.
+mod raw {
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::sync::{mpsc, oneshot};
+
+    const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+    const PONG: &[u8] = b"+PONG\r\n";
+
+    /// Writes queued PINGs in batches on one socket; a reader task answers
+    /// them in order.
+    #[derive(Clone)]
+    pub struct Mux(mpsc::UnboundedSender<oneshot::Sender<()>>);
+
+    impl Mux {
+        pub async fn connect(addr: SocketAddr) -> Mux {
+            let stream = TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut rd, mut wr) = stream.into_split();
+            let (tx, mut queued) = mpsc::unbounded_channel::<oneshot::Sender<()>>();
+            let (sent, mut waiting) = mpsc::unbounded_channel::<oneshot::Sender<()>>();
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                while let Some(reply) = queued.recv().await {
+                    out.extend_from_slice(PING);
+                    sent.send(reply).unwrap();
+                    while let Ok(reply) = queued.try_recv() {
+                        out.extend_from_slice(PING);
+                        sent.send(reply).unwrap();
+                    }
+                    wr.write_all(&out).await.unwrap();
+                    out.clear();
+                }
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut have = 0;
+                loop {
+                    let n = rd.read(&mut buf[have..]).await.unwrap();
+                    if n == 0 {
+                        return;
+                    }
+                    have += n;
+                    let mut at = 0;
+                    while have - at >= PONG.len() {
+                        assert_eq!(&buf[at..at + PONG.len()], PONG);
+                        let _ = waiting.recv().await.unwrap().send(());
+                        at += PONG.len();
+                    }
+                    buf.copy_within(at..have, 0);
+                    have -= at;
+                }
+            });
+            Mux(tx)
+        }
+
+        pub async fn ping(&self) {
+            let (tx, rx) = oneshot::channel();
+            self.0.send(tx).unwrap();
+            rx.await.unwrap();
+        }
+    }
+
+    /// Sockets lent to one request at a time.
+    #[derive(Clone)]
+    pub struct Direct(SocketAddr, Arc<Mutex<Vec<TcpStream>>>);
+
+    impl Direct {
+        pub fn new(addr: SocketAddr) -> Direct {
+            Direct(addr, Arc::default())
+        }
+
+        pub async fn ping(&self) {
+            let idle = self.1.lock().unwrap().pop();
+            let mut stream = match idle {
+                Some(stream) => stream,
+                None => {
+                    let stream = TcpStream::connect(self.0).await.unwrap();
+                    stream.set_nodelay(true).unwrap();
+                    stream
+                }
+            };
+            stream.write_all(PING).await.unwrap();
+            let mut buf = [0u8; 16];
+            let mut got = 0;
+            while got < PONG.len() {
+                got += stream.read(&mut buf[got..]).await.unwrap();
+            }
+            assert_eq!(&buf[..got], PONG);
+            self.1.lock().unwrap().push(stream);
+        }
+    }
 }
 
 async fn handler<B>(request: Request<B>) -> Result<Response<Full<Bytes>>, std::convert::Infallible>
@@ -171,6 +271,9 @@ fn main() {
             .tenant_header(http::HeaderName::from_static("x-account-id"));
         let service = layer.layer(tower::service_fn(handler::<IdemBody<Full<Bytes>>>));
         let bare = tower::service_fn(handler::<Full<Bytes>>);
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], redis.port));
+        let mux = raw::Mux::connect(addr).await;
+        let direct = raw::Direct::new(addr);
         // Seed the replay key and warm up.
         let seeded = service
             .clone()
@@ -182,6 +285,7 @@ fn main() {
             let manager = manager.clone();
             let service = service.clone();
             let mode = mode.clone();
+            let (mux, direct) = (mux.clone(), direct.clone());
             async move {
                 let mut next = 0;
                 let mut running = FuturesUnordered::new();
@@ -194,11 +298,18 @@ fn main() {
                         let mut bare = bare;
                         let mode = mode.clone();
                         let mut manager = manager.clone();
+                        let (mux, direct) = (mux.clone(), direct.clone());
                         running.push(tokio::spawn(async move {
                             let (status, body) = match mode.as_str() {
-                                "ping" => {
-                                    let _: () =
-                                        redis::cmd("PING").query_async(&mut manager).await.unwrap();
+                                "ping" | "floor" | "direct" => {
+                                    match mode.as_str() {
+                                        "floor" => mux.ping().await,
+                                        "direct" => direct.ping().await,
+                                        _ => redis::cmd("PING")
+                                            .query_async::<()>(&mut manager)
+                                            .await
+                                            .unwrap(),
+                                    }
                                     let r = bare.call(request(None)).await.unwrap();
                                     (
                                         r.status(),
