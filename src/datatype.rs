@@ -68,7 +68,7 @@ extern "C" fn rdb_load(io: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_voi
         };
         match codec::decode(&buf) {
             Ok(rec) => {
-                mirror::loaded(io.key_and_db(), &rec);
+                mirror::loaded(io.key_and_db(), &rec, io.is_loading());
                 Box::into_raw(Box::new(rec)).cast()
             }
             Err(e) => {

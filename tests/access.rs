@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use idem_testkit::RedisServer;
 use redis::Connection;
+use std::time::{Duration, Instant};
 
 fn login(s: &RedisServer, user: &str) -> Connection {
     let mut c = s.conn();
@@ -69,6 +70,39 @@ fn a_blocked_puller_is_woken_only_with_what_it_may_read() {
     let got = h.join().unwrap();
     assert!(got.is_empty(), "woken puller saw {:?}", pulled_keys(&got));
     assert_eq!(pulled_keys(&pull(&mut admin, 10, None, None)), ["secret:2"]);
+}
+
+/// A restricted puller waits out its BLOCK when only records it may not read
+/// are pending: they neither answer it nor shorten its wait. A claim on its
+/// own record does, when it lapses.
+#[test]
+fn a_restricted_puller_waits_past_records_it_may_not_read() {
+    let s = RedisServer::start();
+    let mut admin = s.conn();
+    completed(&mut admin, "secret:3", "fp", 100, b"card");
+    acl(&mut admin, "pay on >pw ~pay:* +@all -@dangerous");
+    let mut pay = login(&s, "pay");
+    let start = Instant::now();
+    assert!(pull(&mut pay, 10, None, Some(600)).is_empty());
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(590),
+        "answered after {waited:?}"
+    );
+
+    completed(&mut admin, "pay:3", "fp", 100, b"mine");
+    assert_eq!(
+        pulled_keys(&pull(&mut admin, 10, Some(300), None)),
+        ["pay:3", "secret:3"]
+    );
+    let start = Instant::now();
+    let got = pull(&mut pay, 10, None, Some(5_000));
+    let waited = start.elapsed();
+    assert_eq!(pulled_keys(&got), ["pay:3"]);
+    assert!(
+        waited < Duration::from_millis(2_000),
+        "answered after {waited:?}"
+    );
 }
 
 /// Read-only key permissions allow IDEM.GET and refuse every writing command.

@@ -326,14 +326,20 @@ fn pending_index_on_replica_and_after_promotion() {
     assert_eq!(pending(&mut r), 3);
 }
 
-fn restore(c: &mut Connection, key: &str, payload: &[u8]) {
+/// `RESTORE key ttl payload options...`, which must answer OK.
+fn restore_with(c: &mut Connection, key: &str, ttl: i64, payload: &[u8], options: &[&str]) {
     let v: Value = redis::cmd("RESTORE")
         .arg(key)
-        .arg(0)
+        .arg(ttl)
         .arg(payload)
+        .arg(options)
         .query(c)
         .unwrap();
     assert_eq!(v, Value::Okay);
+}
+
+fn restore(c: &mut Connection, key: &str, payload: &[u8]) {
+    restore_with(c, key, 0, payload, &[]);
 }
 
 #[test]
@@ -359,15 +365,33 @@ fn pending_index_after_restore() {
     assert_eq!(pull_all(&mut c), ["p1-moved", "p2", "p3"]);
 
     // RESTORE ... REPLACE over a pending record with a mirrored one.
-    let v: Value = redis::cmd("RESTORE")
-        .arg("p2")
-        .arg(0)
-        .arg(&mirrored[..])
-        .arg("REPLACE")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(v, Value::Okay);
+    restore_with(&mut c, "p2", 0, &mirrored, &["REPLACE"]);
     assert_eq!(pending(&mut c), 2);
+}
+
+/// A record Redis throws away right after reading it, without telling the
+/// module, is not pending: a primary's load drops keys already expired, and
+/// RESTORE drops a value whose TTL has passed.
+#[test]
+fn records_discarded_after_loading_are_not_pending() {
+    let mut s = RedisServer::start();
+    let mut c = s.conn();
+    completed(&mut c, "lives", "fp", 3600, b"x");
+    completed(&mut c, "dies", "fp", 3600, b"x");
+    ok(&mut c, &["PEXPIRE", "dies", "1000"]);
+    let payload = bytes(&ok(&mut c, &["DUMP", "lives"]));
+    ok(&mut c, &["SAVE"]);
+    s.kill();
+    sleep_ms(1_100);
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(dbsize(&mut c), 1, "the load dropped the expired key");
+    assert_eq!(pending(&mut c), 1, "and its record is not pending");
+
+    restore_with(&mut c, "ghost", 1, &payload, &["ABSTTL"]);
+    assert_eq!(int(&ok(&mut c, &["EXISTS", "ghost"])), 0);
+    assert_eq!(pending(&mut c), 1, "RESTORE stored nothing");
+    assert_eq!(pull_all(&mut c), ["lives"]);
 }
 
 #[test]
@@ -490,6 +514,29 @@ fn renamed_copied_moved_and_reused_keys() {
     assert_eq!((got[0].token, got[0].body.clone()), (t2, b"v2".to_vec()));
     assert_eq!(ack(&mut c, "b", t1), 0, "the old version's ack is refused");
     assert_eq!(pending(&mut c), 1);
+}
+
+/// A completion wakes only the pullers blocked in its database: the others
+/// could not receive the record and wait on.
+#[test]
+fn a_completion_in_another_database_does_not_wake_a_puller() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    let mut w = s.conn();
+    let h = std::thread::spawn(move || {
+        let start = Instant::now();
+        let got = pull(&mut w, 10, None, Some(1_000));
+        (got, start.elapsed())
+    });
+    sleep_ms(150);
+    ok(&mut c, &["SELECT", "1"]);
+    completed(&mut c, "elsewhere", "fp", 3600, b"x");
+    let (got, waited) = h.join().unwrap();
+    assert!(got.is_empty());
+    assert!(
+        waited >= Duration::from_millis(990),
+        "woken early: {waited:?}"
+    );
 }
 
 #[test]

@@ -39,6 +39,11 @@ impl Ctx {
             != 0
     }
 
+    /// The server is loading a dataset (RDB, full sync, AOF, DEBUG RELOAD).
+    pub fn is_loading(self) -> bool {
+        self.flags() & raw::REDISMODULE_CTX_FLAGS_LOADING != 0
+    }
+
     /// The calling client may be blocked (not in MULTI, Lua, or a context
     /// that denies blocking).
     pub fn may_block(self) -> bool {

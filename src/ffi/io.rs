@@ -6,7 +6,7 @@ use std::ffi::c_char;
 use redis_module::raw;
 
 use super::api;
-use super::ctx::{bytes, Name};
+use super::ctx::{bytes, Ctx, Name};
 
 /// The RDB (or DUMP payload) being written or read.
 #[derive(Clone, Copy)]
@@ -28,6 +28,14 @@ impl Rdb {
         raw::load_string_buffer(self.0)
             .ok()
             .map(|b| b.as_ref().to_vec())
+    }
+
+    /// Whether the server is loading a dataset (RDB, full sync, AOF, DEBUG
+    /// RELOAD), not running RESTORE.
+    pub fn is_loading(self) -> bool {
+        // SAFETY: a live I/O handle in rdb_load; its context lives as long.
+        let ctx = unsafe { api!(RedisModule_GetContextFromIO)(self.0) };
+        Ctx::from_raw(ctx).is_loading()
     }
 
     /// The key and database being loaded (RDB load, full sync, RESTORE).

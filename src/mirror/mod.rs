@@ -26,7 +26,7 @@ pub fn track(db: i32, key: &[u8], record: &Record) {
                 .entry(db)
                 .or_default()
                 .insert(key, record.token, c.completed_at);
-            pull::wake_pullers();
+            pull::wake_pullers(db);
         }
         _ => forget(db, key),
     }
@@ -38,10 +38,18 @@ pub fn forget(db: i32, key: &[u8]) {
     }
 }
 
-/// Called for each record read by rdb_load (RDB, full sync, RESTORE), with
-/// its key and database where Redis says.
-pub fn loaded(key_and_db: Option<(&[u8], i32)>, record: &Record) {
-    TOKENS.lock().observe(record.token, now_ms());
+/// Called for each record read by rdb_load, with its key and database where
+/// Redis says. Redis may still throw the value away afterwards, without an
+/// event: a primary's load (RDB, full sync, DEBUG RELOAD) drops keys already
+/// expired, and RESTORE (MIGRATE too) drops a value whose TTL has passed. So
+/// a load tracks only records that have not expired, and RESTORE none: its
+/// `restore` event tracks what it really stored (`events`).
+pub fn loaded(key_and_db: Option<(&[u8], i32)>, record: &Record, loading: bool) {
+    let now = now_ms();
+    TOKENS.lock().observe(record.token, now);
+    if !loading || record.expires_at <= now {
+        return;
+    }
     if let Some((key, db)) = key_and_db.filter(|_| record.mirror_pending()) {
         track(db, key, record);
     }

@@ -42,7 +42,9 @@ pub fn pull(call: &Call) -> Result<(), Error> {
     let batch = claim(call.ctx, db, &req);
     match req.block_ms {
         Some(ms) if ms > 0 && batch.is_empty() && call.ctx.may_block() => {
-            let next = with_index(db, |i| i.next_available_at()).flatten();
+            // Only a claim this caller could take shortens the wait.
+            let caller = Caller::of(call.ctx);
+            let next = with_index(db, |i| i.next_available_where(|k| caller.may_read(k))).flatten();
             let timeout = next.map_or(ms, |at| ms.min(at.saturating_sub(now_ms()).max(1)));
             block_puller(call.ctx, db, timeout);
         }
@@ -105,9 +107,17 @@ fn block_puller(ctx: Ctx, db: i32, timeout_ms: u64) {
     pullers.list.push(Puller { id, bc, db });
 }
 
-/// Answers blocked pullers: each claims what is there when it runs.
-pub fn wake_pullers() {
-    let woken = std::mem::take(&mut PULLERS.lock().list);
+/// Answers the pullers blocked in `db`: each claims what is there when it
+/// runs. Pullers of other databases cannot receive the record; they sleep on.
+pub fn wake_pullers(db: i32) {
+    let woken = {
+        let mut pullers = PULLERS.lock();
+        let (woken, asleep) = std::mem::take(&mut pullers.list)
+            .into_iter()
+            .partition(|p| p.db == db);
+        pullers.list = asleep;
+        woken
+    };
     for p in woken {
         p.bc.unblock(Box::into_raw(Box::new(p.db)).cast::<c_void>());
     }

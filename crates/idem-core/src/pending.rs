@@ -123,7 +123,16 @@ impl PendingIndex {
 
     /// When the next claimed entry becomes available again, if none is now.
     pub fn next_available_at(&self) -> Option<u64> {
-        self.queue.first_key_value().map(|((at, _), _)| *at)
+        self.next_available_where(|_| true)
+    }
+
+    /// Like `next_available_at`, over the entries `visible` accepts only: a
+    /// caller limited to some keys waits for those, not for anyone's.
+    pub fn next_available_where(&self, mut visible: impl FnMut(&[u8]) -> bool) -> Option<u64> {
+        self.queue
+            .iter()
+            .find(|(_, key)| visible(key))
+            .map(|((at, _), _)| *at)
     }
 
     pub fn len(&self) -> usize {
@@ -174,6 +183,16 @@ mod tests {
         assert_eq!(mine, vec![(b"pay:1".to_vec(), 1), (b"pay:2".to_vec(), 3)]);
         // The real writer still gets the hidden record at once.
         assert_eq!(p.claim(100, 10, 1_000), vec![(b"secret:1".to_vec(), 2)]);
+        // A record available now that the restricted caller may not read
+        // does not end its wait: it waits for its own claims to lapse; with
+        // nothing visible, for nothing.
+        p.insert(b"secret:2", 4, 13);
+        assert_eq!(p.next_available_at(), Some(0));
+        assert_eq!(
+            p.next_available_where(|k| k.starts_with(b"pay:")),
+            Some(1_100)
+        );
+        assert_eq!(p.next_available_where(|k| k.starts_with(b"x:")), None);
     }
 
     #[test]
