@@ -70,13 +70,7 @@ if [[ ! -f $MODULE ]]; then
     exit 1
 fi
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-PORT=
-for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 40000))
-    if [[ $p != 6379 ]] && port_free "$p"; then PORT=$p; break; fi
-done
-[[ -n $PORT ]] || { echo "bench-module: no free port" >&2; exit 1; }
+PORT=$(free_port)
 
 WORK=$(mktemp -d -t idem-bench.XXXXXX)
 SERVER_PID=

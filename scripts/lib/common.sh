@@ -76,6 +76,22 @@ port_open() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# free_port: prints a port nothing listens on, drawn at random below the
+# kernel's ephemeral range (as the test kit's free_port does, so no client
+# connection can take it before the server binds it); never 6379 or 6390.
+free_port() {
+  local low p
+  read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || low=32768
+  ((low > 11000)) || low=65536
+  for _ in $(seq 200); do
+    p=$((10000 + RANDOM % (low - 10000)))
+    [[ $p == 6379 || $p == 6390 ]] && continue
+    port_open "$p" || { echo "$p"; return 0; }
+  done
+  echo "free_port: no free port" >&2
+  return 1
+}
+
 # ensure_database_url SPARE_PORT: exports DATABASE_URL: as given, else the
 # local Postgres on 127.0.0.1:5432, else a throwaway cluster on SPARE_PORT,
 # stopped and removed when the script exits.

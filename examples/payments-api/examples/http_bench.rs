@@ -21,6 +21,11 @@ use idem_example_payments::{app, db, idempotency_layer, routes, serve, AppState}
 use idem_testkit::{PgDatabase, RedisConfig};
 use tokio::sync::oneshot;
 
+/// The service's allocator, as in `payments-api` (feature `mimalloc`).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Variant {
     Plain,

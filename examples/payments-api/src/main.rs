@@ -4,6 +4,11 @@ use anyhow::Context;
 use idem_example_payments::{app, db, idempotency_layer, serve, AppState, Settings};
 use tracing_subscriber::EnvFilter;
 
+/// The allocator: mimalloc unless built without the `mimalloc` feature.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
