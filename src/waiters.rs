@@ -162,7 +162,8 @@ extern "C" fn on_deadline(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
     let ctx = Ctx::from_raw(ctx);
     guard("wait deadline", (), || {
         let id = data as usize as u64;
-        let Some((waiter, (db, key))) = take(|all| all.owner.get(&id).cloned(), |w| w.id == id)
+        let Some((waiter, (db, key))) =
+            take(ctx, |all| all.owner.get(&id).cloned(), |w| w.id == id)
         else {
             return; // answered, or disconnected, already
         };
@@ -179,8 +180,11 @@ extern "C" fn on_deadline(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
 }
 
 /// Removes the waiter `pick` accepts from the registry, with its key:
-/// looked for under the key `key_of` names, else under every key.
+/// looked for under the key `key_of` names, else under every key. The last
+/// waiter of a key takes the key's entry and lease timer with it (`take`
+/// runs on a deadline or a disconnect, never in that lease timer).
 fn take(
+    ctx: Ctx,
     key_of: impl FnOnce(&Registry) -> Option<KeyId>,
     mut pick: impl FnMut(&Waiter) -> bool,
 ) -> Option<(Waiter, KeyId)> {
@@ -197,6 +201,7 @@ fn take(
     let pos = entry.queue.iter().position(pick)?;
     let waiter = entry.queue.remove(pos)?;
     all.owner.remove(&waiter.id);
+    forget_if_idle(ctx, &mut all, &key_id);
     Some((waiter, key_id))
 }
 
@@ -229,9 +234,13 @@ pub fn settle(ctx: Ctx, db: i32, key: &[u8]) {
     }
     let id = (db, key.to_vec());
     settle_named(ctx, &id, ctx.string(key).name());
-    let mut all = WAITERS.lock();
-    if all.keys.get(&id).is_some_and(|e| e.queue.is_empty()) {
-        if let Some((timer, _)) = all.keys.remove(&id).and_then(|e| e.timer) {
+    forget_if_idle(ctx, &mut WAITERS.lock(), &id);
+}
+
+/// Drops the key's entry and its lease timer once nobody waits on it.
+fn forget_if_idle(ctx: Ctx, all: &mut Registry, id: &KeyId) {
+    if all.keys.get(id).is_some_and(|e| e.queue.is_empty()) {
+        if let Some((timer, _)) = all.keys.remove(id).and_then(|e| e.timer) {
             stop_timer(ctx, timer);
         }
     }
@@ -372,7 +381,7 @@ extern "C" fn on_disconnect(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisMo
     guard("wait disconnect", (), || {
         let bc = BlockedClient::from_raw(bc);
         // Not in the registry: already answered, and so already unblocked.
-        if let Some((waiter, _)) = take(|_| None, |w| w.bc == bc) {
+        if let Some((waiter, _)) = take(ctx, |_| None, |w| w.bc == bc) {
             waiter.deadline.stop(ctx);
             bc.unblock(ptr::null_mut());
         }

@@ -301,6 +301,61 @@ fn a_killed_waiter_leaks_nothing_and_the_others_still_get_their_answer() {
     assert_eq!(text(&ok(&mut holder, &["PING"])), "PONG");
 }
 
+/// Waiters that give up while the holder's lease runs on leave nothing
+/// behind on their keys: no entry, no lease timer. Before, both stayed until
+/// the lease ended, which may be a year away. Two equal batches of waits on
+/// fresh keys: the second must not grow memory (the first warms Redis' own
+/// pools of blocked-client state).
+#[test]
+fn waiters_gone_before_the_lease_ends_leave_no_memory_behind() {
+    const KEYS: usize = 1_000;
+    const CLIENTS: usize = 20;
+    let server = RedisServer::start();
+    let mut c = server.conn();
+    let mut holders = redis::pipe();
+    for i in 0..2 * KEYS {
+        holders
+            .cmd("IDEM.BEGIN")
+            .arg(format!("k{i}"))
+            .arg("fp")
+            .arg(86_400)
+            .arg("LEASE")
+            .arg(86_400_000)
+            .ignore();
+    }
+    holders.query::<()>(&mut c).unwrap();
+    let mut batch = |c: &mut Connection, first: usize| -> i64 {
+        let threads: Vec<_> = (0..CLIENTS)
+            .map(|t| {
+                let mut w = server.conn();
+                thread::spawn(move || {
+                    for i in (first + t..first + KEYS).step_by(CLIENTS) {
+                        let o = begin_wait(&mut w, &format!("k{i}"), "fp", 1);
+                        assert!(matches!(o, Outcome::InFlight(_)), "{o:?}");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(
+            eventually(Duration::from_secs(5), || {
+                info(c, "clients")["connected_clients"] == "1"
+            }),
+            "the waiters' connections are closed"
+        );
+        assert_eq!(idem_counter(c, "idem_waiters"), 0);
+        info(c, "memory")["used_memory"].parse().unwrap()
+    };
+    let warm = batch(&mut c, 0);
+    let grown = batch(&mut c, KEYS) - warm;
+    assert!(
+        grown < 64 * 1024,
+        "{grown} bytes left behind by {KEYS} waiters that are gone"
+    );
+}
+
 #[test]
 fn del_and_flushall_while_clients_wait_hand_the_key_to_one_waiter() {
     for wipe in [&["DEL", "k"][..], &["FLUSHALL"][..]] {
