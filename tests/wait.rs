@@ -324,7 +324,7 @@ fn waiters_gone_before_the_lease_ends_leave_no_memory_behind() {
             .ignore();
     }
     holders.query::<()>(&mut c).unwrap();
-    let mut batch = |c: &mut Connection, first: usize| -> i64 {
+    let batch = |c: &mut Connection, first: usize| -> i64 {
         let threads: Vec<_> = (0..CLIENTS)
             .map(|t| {
                 let mut w = server.conn();
