@@ -58,18 +58,41 @@ fn pull_hands_out_only_records_the_caller_may_read() {
 }
 
 /// A blocked puller is filtered the same way when it is woken.
+/// A record it may not read does not wake it at all (it used to answer an
+/// empty array early); one it may read does, at once.
 #[test]
 fn a_blocked_puller_is_woken_only_with_what_it_may_read() {
     let s = RedisServer::start();
     let mut admin = s.conn();
     acl(&mut admin, "pay on >pw ~pay:* +@all -@dangerous");
-    let mut pay = login(&s, "pay");
-    let h = std::thread::spawn(move || pull(&mut pay, 10, None, Some(2_000)));
+    let pay = login(&s, "pay");
+    let blocked_pull = |mut pay: Connection, block_ms: u64| {
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let got = pull(&mut pay, 10, None, Some(block_ms));
+            (got, start.elapsed(), pay)
+        })
+    };
+    let h = blocked_pull(pay, 1_000);
     sleep_ms(100);
     completed(&mut admin, "secret:2", "fp", 100, b"card");
-    let got = h.join().unwrap();
+    let (got, waited, pay) = h.join().unwrap();
     assert!(got.is_empty(), "woken puller saw {:?}", pulled_keys(&got));
+    assert!(
+        waited >= Duration::from_millis(990),
+        "woken after {waited:?}"
+    );
     assert_eq!(pulled_keys(&pull(&mut admin, 10, None, None)), ["secret:2"]);
+
+    let h = blocked_pull(pay, 5_000);
+    sleep_ms(100);
+    completed(&mut admin, "pay:2", "fp", 100, b"mine");
+    let (got, waited, _) = h.join().unwrap();
+    assert_eq!(pulled_keys(&got), ["pay:2"]);
+    assert!(
+        waited < Duration::from_millis(2_000),
+        "woken after {waited:?}"
+    );
 }
 
 /// A restricted puller waits out its BLOCK when only records it may not read

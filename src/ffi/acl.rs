@@ -10,7 +10,7 @@ use redis_module::commands::{get_redis_key_spec, BeginSearch, FindKeys, KeySpec,
 use redis_module::raw;
 
 use super::api;
-use super::ctx::Ctx;
+use super::ctx::{bytes, Ctx};
 
 /// What a keyed command does to its one key (argument 1).
 #[derive(Clone, Copy)]
@@ -114,23 +114,43 @@ enum Who {
     Gone,
 }
 
+/// The name of the ACL user behind the context's client; None for the
+/// replication stream and the AOF, which are trusted.
+pub fn user_name(ctx: Ctx) -> Option<Vec<u8>> {
+    if ctx.is_replicated() {
+        return None;
+    }
+    // SAFETY: a command's (or a blocked client's reply) context has a client
+    // with a user; the name is copied before it is freed.
+    unsafe {
+        let name = api!(RedisModule_GetCurrentUserName)(ctx.raw());
+        let copy = bytes(name).to_vec();
+        api!(RedisModule_FreeString)(ctx.raw(), name);
+        Some(copy)
+    }
+}
+
 impl Caller {
     pub fn of(ctx: Ctx) -> Caller {
-        // SAFETY: a command's (or a blocked client's reply) context has a
-        // client with a user, unless it replays replication or the AOF.
-        let who = unsafe {
-            if ctx.is_replicated() {
-                Who::Trusted
-            } else {
-                let name = api!(RedisModule_GetCurrentUserName)(ctx.raw());
-                let user = api!(RedisModule_GetModuleUserFromUserName)(name);
-                api!(RedisModule_FreeString)(ctx.raw(), name);
-                if user.is_null() {
-                    Who::Gone
-                } else {
-                    Who::User(user)
-                }
-            }
+        match user_name(ctx) {
+            Some(name) => Caller::named(ctx, &name),
+            None => Caller {
+                ctx,
+                who: Who::Trusted,
+            },
+        }
+    }
+
+    /// The ACL user called `name`, as it is now: a blocked client's user may
+    /// have changed or gone since it blocked. `ctx` may be detached.
+    pub fn named(ctx: Ctx, name: &[u8]) -> Caller {
+        let name = ctx.string(name);
+        // SAFETY: a string alive for the call; the user is freed on drop.
+        let user = unsafe { api!(RedisModule_GetModuleUserFromUserName)(name.name().0) };
+        let who = if user.is_null() {
+            Who::Gone
+        } else {
+            Who::User(user)
         };
         Caller { ctx, who }
     }

@@ -24,6 +24,13 @@ impl Ctx {
         Ctx(ctx)
     }
 
+    /// No context: for calls outside a command or callback that accept
+    /// none (`CreateString`, `FreeString`; strings are then not
+    /// auto-freed).
+    pub fn detached() -> Ctx {
+        Ctx(ptr::null_mut())
+    }
+
     pub fn raw(self) -> *mut raw::RedisModuleCtx {
         self.0
     }

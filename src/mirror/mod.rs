@@ -26,7 +26,7 @@ pub fn track(db: i32, key: &[u8], record: &Record) {
                 .entry(db)
                 .or_default()
                 .insert(key, record.token, c.completed_at);
-            pull::wake_pullers(db);
+            pull::wake_pullers(db, key);
         }
         _ => forget(db, key),
     }

@@ -9,7 +9,7 @@ use idem_core::{args, engine, Error, Record};
 use redis_module::raw;
 
 use super::{forget, with_index};
-use crate::ffi::acl::Caller;
+use crate::ffi::acl::{self, Caller};
 use crate::ffi::blocked::{private_data, BlockedClient, Timer};
 use crate::ffi::call::{arg_bytes, guard, Call};
 use crate::ffi::ctx::{now_ms, Ctx};
@@ -21,6 +21,8 @@ struct Puller {
     id: u64,
     bc: BlockedClient,
     db: i32,
+    /// Its ACL user (None: trusted), asked again when a record arrives.
+    user: Option<Vec<u8>>,
 }
 
 struct Pullers {
@@ -98,23 +100,31 @@ fn reply_batch(ctx: Ctx, batch: &[(Vec<u8>, &Record)]) {
 }
 
 fn block_puller(ctx: Ctx, db: i32, timeout_ms: u64) {
+    let user = acl::user_name(ctx);
     let bc = BlockedClient::block(ctx, puller_reply, free_db, puller_disconnected);
     let mut pullers = PULLERS.lock();
     let id = pullers.next_id;
     pullers.next_id += 1;
     // Not stopped when the puller is woken earlier: it then finds nobody.
     Timer::start(ctx, timeout_ms, puller_deadline, id as usize as *mut c_void);
-    pullers.list.push(Puller { id, bc, db });
+    pullers.list.push(Puller { id, bc, db, user });
 }
 
-/// Answers the pullers blocked in `db`: each claims what is there when it
-/// runs. Pullers of other databases cannot receive the record; they sleep on.
-pub fn wake_pullers(db: i32) {
+/// Answers the pullers that could receive `key`, now pending in `db`: each
+/// claims what is there when it runs. The others (another database, or an
+/// ACL user that may not read the key) sleep on.
+pub fn wake_pullers(db: i32, key: &[u8]) {
+    let may_receive = |p: &Puller| {
+        p.db == db
+            && p.user
+                .as_deref()
+                .is_none_or(|user| Caller::named(Ctx::detached(), user).may_read(key))
+    };
     let woken = {
         let mut pullers = PULLERS.lock();
         let (woken, asleep) = std::mem::take(&mut pullers.list)
             .into_iter()
-            .partition(|p| p.db == db);
+            .partition(may_receive);
         pullers.list = asleep;
         woken
     };
