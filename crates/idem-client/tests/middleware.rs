@@ -250,6 +250,27 @@ async fn required_keys_and_methods() {
     assert_eq!(f.calls.count(), 2);
 }
 
+/// Tenants are header values byte for byte: two that differ only in bytes
+/// that are not UTF-8 are two tenants. A lossy decoding made them one, and
+/// the second tenant was replayed the first one's response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_that_are_not_utf8_stay_apart() {
+    let f = Fixture::start(|l| l.tenant_header(HeaderName::from_static("x-account-id"))).await;
+    let post_as = |tenant: &'static [u8]| {
+        let request = reqwest::Client::new()
+            .post(format!("{}/ok", f.server.base))
+            .header("x-account-id", HeaderValue::from_bytes(tenant).unwrap());
+        send(request, Some("k1"), "{}")
+    };
+    let a = post_as(b"acct\xff").await;
+    let b = post_as(b"acct\xfe").await;
+    let c = post_as("acct\u{fffd}".as_bytes()).await;
+    assert_eq!((a.status, b.status, c.status), (201, 201, 201));
+    assert!(!b.replayed() && !c.replayed());
+    assert_eq!(f.calls.count(), 3);
+    assert!(post_as(b"acct\xff").await.replayed());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sf_string_and_bare_token_are_the_same_key() {
     let f = Fixture::start(|l| l).await;

@@ -132,6 +132,16 @@ pub fn redis_key(prefix: &str, tenant: &str, key: &str) -> String {
     out
 }
 
+/// A header value as a tenant: the value itself when it is UTF-8, else a NUL
+/// (which no header value holds) then its bytes in hex. Distinct values are
+/// distinct tenants; a lossy decoding made `acct\xff` and `acct\xfe` one.
+pub fn tenant_of(value: &HeaderValue) -> String {
+    match std::str::from_utf8(value.as_bytes()) {
+        Ok(text) => text.to_owned(),
+        Err(_) => format!("\0{}", hex::encode(value.as_bytes())),
+    }
+}
+
 fn encode_into(out: &mut String, part: &str) {
     for &b in part.as_bytes() {
         if (0x21..=0x7e).contains(&b) && !matches!(b, b'%' | b':' | b'{' | b'}') {
@@ -148,6 +158,27 @@ mod tests {
 
     fn header(s: &str) -> HeaderValue {
         HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn header_values_that_are_not_utf8_are_tenants_of_their_own() {
+        let values: [&[u8]; 5] = [
+            b"acct\xff",
+            b"acct\xfe",
+            "acct\u{fffd}".as_bytes(),
+            b"acct",
+            b"\xff",
+        ];
+        let tenants: Vec<String> = values
+            .iter()
+            .map(|v| tenant_of(&HeaderValue::from_bytes(v).unwrap()))
+            .collect();
+        for (i, a) in tenants.iter().enumerate() {
+            for b in &tenants[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(tenants[3], "acct", "UTF-8 values are unchanged");
     }
 
     #[test]

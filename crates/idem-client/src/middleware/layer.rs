@@ -10,6 +10,7 @@ use http::{Method, StatusCode};
 use tower::Layer;
 
 use super::config::{default_store_policy, Config};
+use super::key::tenant_of;
 use super::service::Idempotency;
 use crate::{Fingerprinter, IdemClient};
 #[cfg(feature = "postgres")]
@@ -149,14 +150,10 @@ impl<C> IdempotencyLayer<C> {
         self
     }
 
-    /// Scopes keys by the value of one request header.
+    /// Scopes keys by the value of one request header (byte for byte: a
+    /// value that is not UTF-8 is a tenant of its own, see `tenant_of`).
     pub fn tenant_header(self, name: HeaderName) -> Self {
-        self.tenant(move |parts| {
-            parts
-                .headers
-                .get(&name)
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        })
+        self.tenant(move |parts| parts.headers.get(&name).map(tenant_of))
     }
 
     /// Prefix of the Redis keys (default: `idem:`); keys are `prefix{tenant:key}`.
