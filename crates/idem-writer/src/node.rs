@@ -245,6 +245,15 @@ async fn acknowledge(ctx: &Context, node: &mut RedisNode, acks: &[(String, i64)]
                         "acks for records since expired or replaced"
                     );
                 }
+                for (key, error) in &acked.refused {
+                    ctx.metrics.error(ErrorKind::RedisAck);
+                    warn!(
+                        node = ctx.label,
+                        key = key.as_str(),
+                        error = error.as_str(),
+                        "a key refused its acknowledgement; the rest of the batch went on"
+                    );
+                }
                 if acked.moved > 0 || acked.demoted {
                     info!(
                         node = ctx.label,

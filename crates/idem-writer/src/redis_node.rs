@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use idem_core::args::{duration_ms, Ack, Encode, KeyToken, Pull};
+use idem_core::wire::ErrorCode;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, ServerErrorKind, Value};
 
@@ -96,7 +97,9 @@ impl RedisNode {
     /// slot moved to another node (`MOVED`/`ASK`: a reshard took the record,
     /// pending, along) is skipped, and a node that became a replica
     /// (`READONLY`) ends the batch: either way the record is pending where it
-    /// is now, and is pulled, upserted (a no-op) and acknowledged there.
+    /// is now, and is pulled, upserted (a no-op) and acknowledged there. A
+    /// key that refuses its ACK (see `refused`) is skipped too, so that one
+    /// key cannot hold up the rest of the mirror.
     pub async fn ack(&mut self, acks: &[(&str, i64)]) -> RedisResult<Acked> {
         if acks.is_empty() {
             return Ok(Acked::default());
@@ -120,14 +123,7 @@ impl RedisNode {
                 ..Acked::default()
             }),
             // The pipeline's first error hides the other replies: one by one.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
-                ) =>
-            {
-                self.ack_each(acks).await
-            }
+            Err(e) if moved(&e) || refused(&e) => self.ack_each(acks).await,
             Err(e) => Err(e),
         }
     }
@@ -143,14 +139,8 @@ impl RedisNode {
             match result {
                 Ok(1) => {}
                 Ok(_) => acked.superseded += 1,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
-                    ) =>
-                {
-                    acked.moved += 1
-                }
+                Err(e) if moved(&e) => acked.moved += 1,
+                Err(e) if refused(&e) => acked.refused.push(((*key).to_owned(), e.to_string())),
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {
                     acked.demoted = true;
                     return Ok(acked);
@@ -190,6 +180,26 @@ pub struct Acked {
     pub moved: usize,
     /// The node is a replica now; the rest of the batch was not sent.
     pub demoted: bool,
+    /// Keys that refused their acknowledgement, with the error.
+    pub refused: Vec<(String, String)>,
+}
+
+/// The key's slot is served by another node now.
+fn moved(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+    )
+}
+
+/// An error about one key, not the node: it holds something else now
+/// (`WRONGTYPE`, `CORRUPT`), or the writer's ACL user may read it but not
+/// write it (`NOPERM`). Retrying cannot help, so the key is skipped.
+fn refused(e: &redis::RedisError) -> bool {
+    matches!(
+        e.code().and_then(|code| code.parse().ok()),
+        Some(ErrorCode::WrongType | ErrorCode::Corrupt | ErrorCode::NoPerm)
+    )
 }
 
 /// An integer field `name:value` of an INFO section.

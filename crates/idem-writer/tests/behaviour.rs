@@ -171,6 +171,61 @@ async fn keys_postgres_cannot_hold_stay_pending_and_are_counted(layout: Layout) 
     assert_eq!(info_field(&mut conn, "idem_mirror_pending"), 1);
 }
 
+/// A key that refuses its acknowledgement (here the writer's ACL user may
+/// read it but not write it) is skipped and counted; the rest of its batch
+/// and every later record are acknowledged. One such key used to fail the
+/// whole batch's acknowledgement forever, so nothing more was mirrored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_refuses_its_ack_holds_up_nothing_else() {
+    let redis = RedisServer::start();
+    let db = PgDatabase::create();
+    let mut conn = redis.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "writer", "on", ">pw", "%R~*", "%RW~ok:*", "+@all",
+        ])
+        .query(&mut conn)
+        .expect("ACL SETUSER");
+    complete_keys(&mut conn, &keys("other:", 0..1), 3600);
+    let first = complete_keys(&mut conn, &keys("ok:", 0..10), 3600);
+    let url = format!("redis://writer:pw@127.0.0.1:{}/", redis.port);
+    let writer = WriterProcess::start(&[url], &db.url, &[]);
+    let pg = connect_pg(&db.url).await;
+    let acked = wait_until(Duration::from_secs(30), || {
+        let pending = info_field(&mut conn, "idem_mirror_pending");
+        let metrics = writer.http_get("/metrics").1;
+        let pg = &pg;
+        async move {
+            pending == 1
+                && row_count(pg).await == 11
+                && metric(&metrics, "idem_writer_errors_total{kind=\"redis_ack\"}")
+                    .is_some_and(|n| n >= 1.0)
+        }
+    })
+    .await;
+    assert!(acked, "{}", writer.log_tail());
+    assert_acknowledged(&mut conn, &first);
+
+    let later = complete_keys(&mut conn, &keys("ok:", 10..20), 3600);
+    let acked = wait_until(Duration::from_secs(30), || {
+        let pending = info_field(&mut conn, "idem_mirror_pending");
+        let pg = &pg;
+        async move { pending == 1 && row_count(pg).await == 21 }
+    })
+    .await;
+    assert!(acked, "{}", writer.log_tail());
+    assert_acknowledged(&mut conn, &later);
+    let refused = get_record(&mut conn, b"other:-000000").expect("still in Redis");
+    assert_eq!(mirror_state(&refused), "pending");
+}
+
+fn assert_acknowledged(conn: &mut redis::Connection, completions: &[Completion]) {
+    for c in completions {
+        let record = get_record(conn, c.key.as_bytes()).expect("in Redis");
+        assert_eq!(mirror_state(&record), "mirrored", "{}", c.key);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_commits_and_acknowledges_the_batch_in_hand_then_exits_zero() {
     let redis = RedisServer::start();
