@@ -140,11 +140,19 @@ pub async fn ensure_days(
     let mut script = format!(
         "BEGIN; SET LOCAL lock_timeout = '10s'; SELECT pg_advisory_xact_lock({PARTITION_DDL_LOCK_ID});"
     );
+    // Created on its own, then attached: `CREATE TABLE ... PARTITION OF`
+    // locks the parent ACCESS EXCLUSIVE, so it waits for every open
+    // transaction on the table (a fence held by a slow handler) and stalls
+    // every query queued behind it; `ATTACH PARTITION` takes SHARE UPDATE
+    // EXCLUSIVE, which reads and writes do not conflict with.
     for day in wanted {
         let name = partition_name(day);
         if missing.contains(&name) {
             script.push_str(&format!(
-                " CREATE TABLE IF NOT EXISTS {name} PARTITION OF idempotency_keys FOR VALUES {};",
+                " DO $$ BEGIN IF to_regclass('{name}') IS NULL THEN \
+                 CREATE TABLE {name} (LIKE idempotency_keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS); \
+                 ALTER TABLE idempotency_keys ATTACH PARTITION {name} FOR VALUES {}; \
+                 END IF; END $$;",
                 bounds(day)
             ));
         }

@@ -168,3 +168,41 @@ async fn creating_partitions_ahead_is_idempotent() {
     assert!(!ok);
     assert!(err.contains("idempotency_keys is not partitioned"), "{err}");
 }
+
+/// Creating a partition stops no traffic: while a transaction holds the
+/// table open (a fence around a slow handler), a new day's partition is
+/// created at once, and reads and writes on the table go on. `CREATE TABLE
+/// ... PARTITION OF` waited for that transaction (up to its 10 s lock
+/// timeout) and queued every later query on the table behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_a_partition_waits_for_no_open_transaction() {
+    let db = PgDatabase::create();
+    migrate_layout(&db.url, Layout::Partitioned).await;
+    let holder = connect_pg(&db.url).await;
+    holder
+        .batch_execute("BEGIN; SELECT count(*) FROM idempotency_keys;")
+        .await
+        .expect("open a transaction on the table");
+
+    let far = day_of_ms(now_ms()) + 200;
+    let ddl = connect_pg(&db.url).await;
+    let started = std::time::Instant::now();
+    let created = tokio::time::timeout(std::time::Duration::from_secs(5), ensure_days(&ddl, [far]))
+        .await
+        .expect("the partition was created while the transaction was open")
+        .expect("ensure");
+    assert_eq!(created, [partition_name(far)]);
+    let pg = connect_pg(&db.url).await;
+    let far_ms = far * DAY_MS + 1_000;
+    upsert(&pg, Layout::Partitioned, &[record("k".into(), far_ms)])
+        .await
+        .expect("upsert into the new partition");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(partitions(&pg).await.contains(&partition_name(far)));
+    holder.batch_execute("COMMIT").await.expect("commit");
+    assert_eq!(row_count(&pg).await, 1);
+}
