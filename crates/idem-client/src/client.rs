@@ -161,11 +161,23 @@ where
             })
             .await?;
         match (first, wait, wait_connections) {
-            (Outcome::InFlight { .. }, Some(wait), Some(connections)) => {
+            (first @ Outcome::InFlight { .. }, Some(wait), Some(connections)) => {
                 let args = begin_args(key, fingerprint, options, Some(wait));
                 let bound = wait + self.call_timeout;
-                self.query_begin(args, |cmd| connections.query(cmd, bound))
+                match self
+                    .query_begin(args, |cmd| connections.query(cmd, bound))
                     .await
+                {
+                    // Waiting is an extra. When it fails, the key is still
+                    // known to be in flight, and that is the answer: never
+                    // "unavailable", which a fail-open caller takes as leave
+                    // to run what would be a certain duplicate.
+                    Err(error) if error.is_unavailable() => {
+                        tracing::warn!(%error, "waiting for the key's holder failed; answering in_flight");
+                        Ok(first)
+                    }
+                    waited => waited,
+                }
             }
             (outcome, _, _) => Ok(outcome),
         }

@@ -352,6 +352,36 @@ async fn a_panicking_handler_releases_the_key() {
     assert_eq!(f.calls.count(), 2);
 }
 
+/// With fail-open and `wait_for_result`, a duplicate whose wait cannot be
+/// had (here its wait connections point nowhere) answers 409: its first
+/// BEGIN already found the original in flight. It used to count as "Redis
+/// unavailable" and run the handler a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wait_under_fail_open_answers_in_flight_and_runs_nothing_twice() {
+    let redis = RedisServer::start();
+    let nowhere =
+        redis::Client::open(format!("redis://127.0.0.1:{}/", idem_testkit::free_port())).unwrap();
+    let client = IdemClient::new(redis.async_conn().await)
+        .with_call_timeout(Duration::from_millis(500))
+        .with_wait_connections(Arc::new(idem_client::DedicatedConnections::standalone(
+            nowhere,
+        )));
+    let layer = IdempotencyLayer::new(client)
+        .fail_open(true)
+        .wait_for_result(Duration::from_secs(2));
+    let calls = Calls::default();
+    let server = Server::start(routes(calls.clone()).layer(layer)).await;
+    let original = common::post(&server.base, "/slow", Some("k"), "{}");
+    let duplicate = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        common::post(&server.base, "/slow", Some("k"), "{}").await
+    };
+    let (original, duplicate) = tokio::join!(original, duplicate);
+    assert_eq!(original.status, 201);
+    assert_eq!(duplicate.status, 409, "{:?}", duplicate.body);
+    assert_eq!(calls.count(), 1, "the handler ran once");
+}
+
 #[test]
 #[should_panic(expected = "wait connections")]
 fn wait_for_result_needs_wait_connections() {
