@@ -382,6 +382,34 @@ async fn a_failed_wait_under_fail_open_answers_in_flight_and_runs_nothing_twice(
     assert_eq!(calls.count(), 1, "the handler ran once");
 }
 
+/// Redis loses the key while the handler runs (here: DEL): the COMPLETE
+/// finds it gone (`NOTFOUND`), BEGINs again and stores the response under
+/// the new token, so the client's retry replays it. It used to send the
+/// response unstored, and the retry ran the handler a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_lost_while_the_handler_runs_still_gets_its_response_stored() {
+    let f = Fixture::start(|l| l).await;
+    let original = f.post("/slow", Some("k"));
+    let lose_it = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(f.state("k").await.as_deref(), Some("in_progress"));
+        let mut conn = f.redis.async_conn().await;
+        let deleted: i64 = redis::cmd("DEL")
+            .arg("idem:{:k}")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(deleted, 1);
+    };
+    let (original, ()) = tokio::join!(original, lose_it);
+    assert_eq!(original.status, 201);
+    assert_eq!(f.state("k").await.as_deref(), Some("completed"));
+    let retry = f.post("/slow", Some("k")).await;
+    assert!(retry.replayed(), "{:?}", retry.body);
+    assert_eq!(retry.body, original.body);
+    assert_eq!(f.calls.count(), 1, "the handler ran once");
+}
+
 #[test]
 #[should_panic(expected = "wait connections")]
 fn wait_for_result_needs_wait_connections() {

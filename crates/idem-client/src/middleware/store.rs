@@ -1,7 +1,7 @@
 //! How a finished request leaves its key in Redis: COMPLETE (the handler's
 //! response, or a response the fence committed to Postgres, `MIRRORED`) or
 //! ABORT, and what the client is answered when the key was lost (`NOTFOUND`)
-//! or taken over (`STALE`) meanwhile: one answer per key.
+//! or taken over (`STALE`) meanwhile: one answer per key, stored.
 
 use std::time::Duration;
 
@@ -46,7 +46,9 @@ where
     }
 
     /// Stores the handler's response (not fenced). When the key was taken
-    /// over meanwhile, the client gets what the key holds now instead.
+    /// over or lost meanwhile, BEGIN again (`answer_again`): a lost key gets
+    /// the response under a new token, so a retry replays it instead of
+    /// running the handler again.
     pub async fn store<B>(&self, stored: &StoredResponse) -> Override<B> {
         match self.complete(self.token, stored, Origin::Handler).await {
             Ok(()) => None,
@@ -60,9 +62,9 @@ where
             Err(IdemError::NotFound(_)) => {
                 tracing::warn!(
                     key = self.key,
-                    "the key vanished from Redis before COMPLETE: the response is sent but not stored"
+                    "the key vanished from Redis before COMPLETE: storing the response under a new token"
                 );
-                None
+                self.answer_again(stored).await
             }
             Err(err) if err.is_unavailable() => {
                 tracing::error!(key = self.key, error = %err, "COMPLETE failed: the response is sent but not stored");
@@ -134,9 +136,9 @@ where
         }
     }
 
-    /// BEGIN again after a `STALE` COMPLETE: the replay, 409 while the newer
-    /// holder runs, or, when nobody holds the key any more, the handler's own
-    /// response stored under the new token.
+    /// BEGIN again after a `STALE` or `NOTFOUND` COMPLETE: the replay, 409
+    /// while a newer holder runs, or, when nobody holds the key any more, the
+    /// handler's own response stored under the new token.
     async fn answer_again<B>(&self, stored: &StoredResponse) -> Override<B> {
         match begin(self.config, self.key, self.fingerprint).await {
             Ok(Outcome::Replay(now)) => Some(replay_response(now)),
@@ -156,7 +158,7 @@ where
                 None
             }
             Err(err) => {
-                tracing::warn!(key = self.key, error = %err, "BEGIN after a stale COMPLETE failed");
+                tracing::warn!(key = self.key, error = %err, "BEGIN after a failed COMPLETE failed");
                 None
             }
         }
