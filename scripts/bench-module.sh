@@ -45,8 +45,9 @@ MODE=${1:-time}
 [[ $MODE == time || $MODE == instructions ]] || { echo "usage: $0 [instructions]" >&2; exit 2; }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$ROOT/scripts/lib/common.sh"
 # The module as test.sh builds it (alone, never linked against redis-rs).
-MODULE=${IDEM_MODULE:-$(cd "$ROOT" && source scripts/lib/common.sh && build_module)}
+MODULE=${IDEM_MODULE:-$(cd "$ROOT" && build_module)}
 REQUESTS=${REQUESTS:-500000}         # per module / SET / GET phase
 LUA_REQUESTS=${LUA_REQUESTS:-150000} # the Lua script is slower
 CLIENTS=${CLIENTS:-50}
