@@ -94,7 +94,8 @@ fn begin(call: &Call) -> Result<(), Error> {
     let record = key.record()?;
     match &record {
         // The record is the one memory access a replay adds to what `GET`
-        // does: its load overlaps the fingerprint's hashing.
+        // does: its cache lines load together, overlapping the arguments'
+        // resolution (and the hashing of a fingerprint not 32 bytes long).
         Some(record) => prefetch(
             std::ptr::from_ref::<Record>(record).cast(),
             size_of::<Record>(),
@@ -218,7 +219,7 @@ fn get(call: &Call) -> Result<(), Error> {
 }
 
 /// Asks the CPU to load up to 1 KiB from `start` into cache while other work
-/// goes on (hashing the fingerprint, writing the reply's first elements).
+/// goes on (resolving the arguments, writing the reply's first elements).
 fn prefetch(start: *const u8, len: usize) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (start, len);

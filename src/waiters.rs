@@ -20,7 +20,7 @@ use std::ptr;
 
 use idem_core::engine::{self, Begin};
 use idem_core::wire::ReplayLayout;
-use idem_core::{args, wire, Completed, Error, State};
+use idem_core::{args, wire, Completed, Error, Fingerprint, State};
 use redis_module::raw;
 
 use crate::ffi::blocked::{private_data, BlockedClient, Timer};
@@ -37,7 +37,7 @@ struct Waiter {
     bc: BlockedClient,
     /// Answers `in_flight` when the client's `WAIT` runs out.
     deadline: Timer,
-    fingerprint: [u8; 32],
+    fingerprint: Fingerprint,
     ttl_ms: u64,
     lease_ms: u64,
     replay: ReplayLayout,

@@ -66,14 +66,7 @@ fn a_blocked_puller_is_woken_only_with_what_it_may_read() {
     let mut admin = s.conn();
     acl(&mut admin, "pay on >pw ~pay:* +@all -@dangerous");
     let pay = login(&s, "pay");
-    let blocked_pull = |mut pay: Connection, block_ms: u64| {
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            let got = pull(&mut pay, 10, None, Some(block_ms));
-            (got, start.elapsed(), pay)
-        })
-    };
-    let h = blocked_pull(pay, 1_000);
+    let h = pull_in_thread(pay, 10, 1_000);
     sleep_ms(100);
     completed(&mut admin, "secret:2", "fp", 100, b"card");
     let (got, waited, pay) = h.join().unwrap();
@@ -84,7 +77,7 @@ fn a_blocked_puller_is_woken_only_with_what_it_may_read() {
     );
     assert_eq!(pulled_keys(&pull(&mut admin, 10, None, None)), ["secret:2"]);
 
-    let h = blocked_pull(pay, 5_000);
+    let h = pull_in_thread(pay, 10, 5_000);
     sleep_ms(100);
     completed(&mut admin, "pay:2", "fp", 100, b"mine");
     let (got, waited, _) = h.join().unwrap();

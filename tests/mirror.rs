@@ -141,17 +141,13 @@ fn block_waits_then_answers_an_empty_array() {
     assert!(start.elapsed() < Duration::from_millis(1000));
     // The server keeps serving other clients while one blocks.
     let mut other = s.conn();
-    let h = std::thread::spawn(move || {
-        let start = Instant::now();
-        let got = pull(&mut c, 10, None, Some(400));
-        (got, start.elapsed())
-    });
+    let h = pull_in_thread(c, 10, 400);
     sleep_ms(50);
     assert_eq!(
         ok(&mut other, &["PING"]),
         Value::SimpleString("PONG".into())
     );
-    let (got, waited) = h.join().unwrap();
+    let (got, waited, _) = h.join().unwrap();
     assert!(got.is_empty());
     assert!(waited >= Duration::from_millis(390), "{waited:?}");
 }
@@ -160,16 +156,11 @@ fn block_waits_then_answers_an_empty_array() {
 fn block_wakes_when_a_record_completes() {
     let s = RedisServer::start();
     let mut c = s.conn();
-    let mut w = s.conn();
     let t = begin(&mut c, "k", "fp", 3600).token();
-    let h = std::thread::spawn(move || {
-        let start = Instant::now();
-        let got = pull(&mut w, 10, None, Some(5000));
-        (got, start.elapsed())
-    });
+    let h = pull_in_thread(s.conn(), 10, 5000);
     sleep_ms(150);
     complete(&mut c, "k", t, 200, b"woke", &[]);
-    let (got, waited) = h.join().unwrap();
+    let (got, waited, _) = h.join().unwrap();
     assert_eq!(pulled_keys(&got), ["k"]);
     assert_eq!(got[0].body, b"woke");
     assert!(
@@ -522,16 +513,11 @@ fn renamed_copied_moved_and_reused_keys() {
 fn a_completion_in_another_database_does_not_wake_a_puller() {
     let s = RedisServer::start();
     let mut c = s.conn();
-    let mut w = s.conn();
-    let h = std::thread::spawn(move || {
-        let start = Instant::now();
-        let got = pull(&mut w, 10, None, Some(1_000));
-        (got, start.elapsed())
-    });
+    let h = pull_in_thread(s.conn(), 10, 1_000);
     sleep_ms(150);
     ok(&mut c, &["SELECT", "1"]);
     completed(&mut c, "elsewhere", "fp", 3600, b"x");
-    let (got, waited) = h.join().unwrap();
+    let (got, waited, _) = h.join().unwrap();
     assert!(got.is_empty());
     assert!(
         waited >= Duration::from_millis(990),

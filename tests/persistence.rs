@@ -9,6 +9,10 @@ use common::*;
 use idem_testkit::{RedisConfig, RedisServer};
 use redis::{Connection, Value};
 
+/// 32 bytes, as idem-client sends: kept as sent until written out.
+const FP32: &str = "0123456789abcdef0123456789abcdef";
+const OTHER32: &str = "fedcba9876543210fedcba9876543210";
+
 const KEYS: [&str; 7] = [
     "inprog", "taken", "done", "mirrored", "acked", "big", "lapsed",
 ];
@@ -23,7 +27,7 @@ fn populate(c: &mut Connection) {
     sleep_ms(20);
     assert!(begin_lease(c, "taken", "fp-b", 3600, 600_000).token() > old);
 
-    let t = begin(c, "done", "fp-c", 3600).token();
+    let t = begin(c, "done", FP32, 3600).token();
     let body: Vec<u8> = (0..=255u8).collect();
     complete(
         c,
@@ -71,8 +75,9 @@ fn still_works(c: &mut Connection, snap: &Snapshot) {
         begin(c, "taken", "fp-b", 60),
         Outcome::InFlight(_)
     ));
+    assert_eq!(begin(c, "done", OTHER32, 60), Outcome::Mismatch);
     assert_eq!(
-        begin(c, "done", "fp-c", 60),
+        begin(c, "done", FP32, 60),
         Outcome::Replay {
             status: 201,
             body: (0..=255u8).collect(),
@@ -269,7 +274,7 @@ fn dump_restore_to_another_key_and_server() {
     // Restored records work: replay, and the holder of a restored
     // in-progress record can complete on the other server.
     assert!(matches!(
-        begin(&mut o, "done", "fp-c", 60),
+        begin(&mut o, "done", FP32, 60),
         Outcome::Replay { status: 201, .. }
     ));
     let holder = get_rec(&mut o, "taken").token;

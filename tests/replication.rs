@@ -12,6 +12,11 @@ use std::time::Duration;
 
 /// A primary (no periodic pings, so the replication offset only moves with
 /// real writes) and a synced replica.
+/// 32 bytes, as idem-client sends: the primary keeps it as sent, the replica
+/// receives its SHA-256 (`idem_core::fingerprint`).
+const FP32: &str = "0123456789abcdef0123456789abcdef";
+const OTHER32: &str = "fedcba9876543210fedcba9876543210";
+
 fn pair() -> (RedisServer, RedisServer) {
     let primary = RedisConfig::default()
         .server_arg("repl-ping-replica-period", "3600")
@@ -48,7 +53,7 @@ fn replica_matches_after_every_command() {
     let mut r = replica.conn();
     let keys = ["a", "b", "c", "m"];
 
-    let ta = begin(&mut p, "a", "fp", 3600).token();
+    let ta = begin(&mut p, "a", FP32, 3600).token();
     assert_same(&mut p, &mut r, &keys);
     assert_eq!(get_rec(&mut r, "a").token, ta);
 
@@ -95,9 +100,10 @@ fn replica_matches_after_every_command() {
     ));
     assert_eq!(begin(&mut p, "m", "other", 3600), Outcome::Mismatch);
     assert!(matches!(
-        begin(&mut p, "a", "fp", 3600),
+        begin(&mut p, "a", FP32, 3600),
         Outcome::Replay { .. }
     ));
+    assert_eq!(begin(&mut p, "a", OTHER32, 3600), Outcome::Mismatch);
     get(&mut p, "a");
     assert_eq!(abort(&mut p, "m", 1), 0);
     assert_eq!(ack(&mut p, "m", 1), 0);
@@ -200,11 +206,12 @@ fn promoted_replica_keeps_working() {
     let held = begin_lease(&mut p, "held", "fp", 3600, 600_000).token();
     let lapsed = begin_lease(&mut p, "lapsed", "fp", 3600, 30).token();
     let done = completed(&mut p, "done", "fp", 3600, b"done");
+    completed(&mut p, "done32", FP32, 3600, b"done32");
     let mut max_token = 0;
     for i in 0..200 {
         max_token = begin(&mut p, &format!("t{i}"), "fp", 3600).token();
     }
-    assert_same(&mut p, &mut r, &["held", "lapsed", "done"]);
+    assert_same(&mut p, &mut r, &["held", "lapsed", "done", "done32"]);
     drop(primary);
 
     assert_eq!(ok(&mut r, &["REPLICAOF", "NO", "ONE"]), Value::Okay);
@@ -223,6 +230,17 @@ fn promoted_replica_keeps_working() {
             headers: vec![]
         }
     );
+    // The replica holds the digest of a 32-byte fingerprint; the same bytes
+    // still replay, other bytes of that length still mismatch.
+    assert_eq!(
+        begin(&mut r, "done32", FP32, 60),
+        Outcome::Replay {
+            status: 200,
+            body: b"done32".to_vec(),
+            headers: vec![]
+        }
+    );
+    assert_eq!(begin(&mut r, "done32", OTHER32, 60), Outcome::Mismatch);
     let taken = begin(&mut r, "lapsed", "fp", 60).token();
     assert!(
         taken > lapsed && taken > max_token,

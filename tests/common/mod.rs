@@ -253,7 +253,7 @@ impl From<Record> for Rec {
         };
         Rec {
             state: wire::state_word(&r).to_string(),
-            fingerprint: hex::encode(r.fingerprint),
+            fingerprint: hex::encode(r.fingerprint.digest()),
             token: r.token,
             created_at: r.created_at,
             expires_at: r.expires_at,
@@ -345,7 +345,7 @@ impl From<PulledRecord> for Pulled {
         let c = p.completed();
         Pulled {
             token: p.record.token,
-            fingerprint: hex::encode(p.record.fingerprint),
+            fingerprint: hex::encode(p.record.fingerprint.digest()),
             status: u64::from(c.status),
             body: c.body.clone(),
             headers: wire::flat_headers(&c.headers),
@@ -378,6 +378,20 @@ pub fn pull(
     }
     let v: Value = c.query(con).unwrap_or_else(|e| panic!("PULL: {e}"));
     parse_pull(&v)
+}
+
+/// `IDEM.MIRROR.PULL count BLOCK block_ms` on a thread of its own; joining
+/// it gives the reply, how long the call took, and the connection back.
+pub fn pull_in_thread(
+    mut con: Connection,
+    count: u64,
+    block_ms: u64,
+) -> std::thread::JoinHandle<(Vec<Pulled>, Duration, Connection)> {
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        let got = pull(&mut con, count, None, Some(block_ms));
+        (got, start.elapsed(), con)
+    })
 }
 
 /// Sorted keys of a PULL reply, as strings.

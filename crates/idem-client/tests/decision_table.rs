@@ -90,7 +90,10 @@ async fn outcomes<C: Conn>(client: IdemClient<C>, mut conn: C) {
 
     let record = idem_get_async(&mut conn, "k").await.expect("record");
     assert_eq!(record.token, t1);
-    assert_eq!(record.fingerprint, idem_core::fingerprint(b"a"));
+    assert_eq!(
+        record.fingerprint.digest(),
+        idem_core::fingerprint::sha256(b"a")
+    );
     let State::Completed(completed) = &record.state else {
         panic!("{record:?}");
     };

@@ -9,7 +9,7 @@
 //! for state 0 (in progress) `lease_until:u64`, for state 1 (completed)
 //! `status:u16 body headers:u64 (name value)* completed_at:u64 mirror:u32`
 //! (0 pending, 1 mirrored).
-use crate::{Completed, Error, Header, MirrorState, Record, State};
+use crate::{Completed, Error, Fingerprint, Header, MirrorState, Record, State};
 
 /// Format byte of the current encoding.
 pub const FORMAT_V1: u8 = 1;
@@ -31,7 +31,7 @@ pub fn encode_into(record: &Record, out: &mut Vec<u8>) {
     }
     out.reserve(96 + record.memory_usage());
     out.push(FORMAT_V1);
-    out.extend_from_slice(&record.fingerprint);
+    out.extend_from_slice(&record.fingerprint.digest());
     u64_le(out, record.token);
     u64_le(out, record.created_at);
     u64_le(out, record.expires_at);
@@ -80,7 +80,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
 /// length may claim more bytes than remain, and no byte may be left over.
 fn decode_v1(bytes: &[u8]) -> Result<Record, String> {
     let mut r = Reader { rest: bytes };
-    let fingerprint = *r.array::<32>("fingerprint")?;
+    let fingerprint = Fingerprint::Digest(*r.array::<32>("fingerprint")?);
     let token = r.u64("token")?;
     let created_at = r.u64("created_at")?;
     let expires_at = r.u64("expires_at")?;
@@ -192,7 +192,13 @@ pub(crate) mod tests {
             completed,
         ];
         (
-            any::<[u8; 32]>(),
+            (any::<[u8; 32]>(), any::<bool>()).prop_map(|(bytes, sent)| {
+                if sent {
+                    Fingerprint::Sent(bytes)
+                } else {
+                    Fingerprint::Digest(bytes)
+                }
+            }),
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
@@ -279,7 +285,7 @@ pub(crate) mod tests {
         let cases = [
             (
                 Record {
-                    fingerprint: [7; 32],
+                    fingerprint: Fingerprint::Digest([7; 32]),
                     token: 42,
                     created_at: 1,
                     expires_at: 2,
@@ -297,7 +303,7 @@ pub(crate) mod tests {
             ),
             (
                 Record {
-                    fingerprint: [9; 32],
+                    fingerprint: Fingerprint::Digest([9; 32]),
                     token: 7,
                     created_at: 1,
                     expires_at: crate::record::NO_EXPIRY,
@@ -308,7 +314,7 @@ pub(crate) mod tests {
             ),
             (
                 Record {
-                    fingerprint: [3; 32],
+                    fingerprint: Fingerprint::Digest([3; 32]),
                     token: (1 << 53) - 1,
                     created_at: 10,
                     expires_at: 20,

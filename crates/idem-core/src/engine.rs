@@ -137,7 +137,7 @@ mod tests {
     fn req(fp: &[u8], lease_ms: u64) -> args::Begin<'static> {
         args::Begin {
             key: b"k",
-            fingerprint: crate::fingerprint(fp),
+            fingerprint: crate::Fingerprint::of(fp),
             ttl_ms: 60_000,
             lease_ms,
             wait_ms: None,

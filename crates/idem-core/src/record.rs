@@ -2,7 +2,7 @@
 
 use std::ops::RangeInclusive;
 
-use crate::Error;
+use crate::{Error, Fingerprint};
 
 /// `expires_at` of a record whose key has no TTL (after `PERSIST`).
 pub const NO_EXPIRY: u64 = u64::MAX;
@@ -20,8 +20,8 @@ pub const RESPONSE_LIMIT: u64 = 512 * 1024 * 1024;
 /// One idempotency key's record. Times are Unix milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
-    /// SHA-256 of the request fingerprint the key was first used with.
-    pub fingerprint: [u8; 32],
+    /// The request fingerprint the key was first used with.
+    pub fingerprint: Fingerprint,
     /// Fencing token of the current (or completing) holder.
     pub token: u64,
     pub created_at: u64,
@@ -149,7 +149,7 @@ mod tests {
 
     fn completed(status: u16) -> Record {
         Record {
-            fingerprint: [0; 32],
+            fingerprint: Fingerprint::Digest([0; 32]),
             token: 7,
             created_at: 1,
             expires_at: 2,

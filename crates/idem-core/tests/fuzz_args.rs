@@ -170,7 +170,7 @@ proptest! {
             Ok(b) => {
                 prop_assert!(valid);
                 prop_assert_eq!(b.key, &key[..]);
-                prop_assert_eq!(b.fingerprint, idem_core::fingerprint(&fp));
+                prop_assert_eq!(b.fingerprint.digest(), idem_core::fingerprint::sha256(&fp));
                 prop_assert_eq!(b.ttl_ms, ttl * 1000);
                 prop_assert_eq!(b.lease_ms, lease.unwrap_or(LIMITS.default_lease_ms));
                 prop_assert_eq!(b.wait_ms, wait);

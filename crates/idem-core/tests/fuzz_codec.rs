@@ -56,7 +56,7 @@ fn record() -> impl Strategy<Value = Record> {
     ];
     (any::<[u8; 32]>(), 1u64..1 << 53, time(), time(), state).prop_map(
         |(fingerprint, token, created_at, expires_at, state)| Record {
-            fingerprint,
+            fingerprint: fingerprint.into(),
             token,
             created_at,
             expires_at,
@@ -132,7 +132,7 @@ proptest! {
 #[test]
 fn huge_length_prefixes_are_refused_without_allocating() {
     let r = Record {
-        fingerprint: [1; 32],
+        fingerprint: [1; 32].into(),
         token: 5,
         created_at: 1,
         expires_at: 2,

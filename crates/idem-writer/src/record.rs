@@ -145,7 +145,7 @@ fn to_row(pulled: PulledRecord) -> Result<MirrorRecord, Rejected> {
     Ok(MirrorRecord {
         key,
         token,
-        fingerprint: hex::encode(record.fingerprint),
+        fingerprint: hex::encode(record.fingerprint.digest()),
         status: c.status.into(),
         body: c.body,
         headers: c

@@ -270,7 +270,7 @@ mod tests {
             prop_assert_eq!(name, name::BEGIN);
             prop_assert_eq!(args::begin_args(&refs(&encoded), &LIMITS).unwrap(), x);
             let resolved = args::begin(&refs(&encoded), &LIMITS).unwrap();
-            prop_assert_eq!(resolved.fingerprint, crate::fingerprint(&fp));
+            prop_assert_eq!(resolved.fingerprint.digest(), crate::fingerprint::sha256(&fp));
             prop_assert_eq!(resolved.ttl_ms, ttl * 1000);
             prop_assert_eq!(resolved.lease_ms, lease.unwrap_or(LIMITS.default_lease_ms));
         }

@@ -10,7 +10,7 @@ pub use encode::{Abort, Ack, ArgSink, ArgSize, CompleteArgs, Encode};
 
 use crate::record::STATUS_RANGE;
 use crate::wire::ReplayLayout;
-use crate::{Error, Header};
+use crate::{Error, Fingerprint, Header};
 
 /// Limits taken from the module's configs at call time.
 #[derive(Debug, Clone, Copy)]
@@ -47,12 +47,12 @@ pub struct BeginArgs<'a> {
 }
 
 impl<'a> BeginArgs<'a> {
-    /// The engine's request: fingerprint hashed, TTL in milliseconds, lease
-    /// defaulted from `limits`.
+    /// The engine's request: fingerprint in its record form, TTL in
+    /// milliseconds, lease defaulted from `limits`.
     pub fn resolve(&self, limits: &Limits) -> Begin<'a> {
         Begin {
             key: self.key,
-            fingerprint: crate::fingerprint(self.fingerprint),
+            fingerprint: Fingerprint::of(self.fingerprint),
             ttl_ms: self.ttl_secs * 1000,
             lease_ms: self.lease_ms.unwrap_or(limits.default_lease_ms),
             wait_ms: self.wait_ms,
@@ -65,7 +65,7 @@ impl<'a> BeginArgs<'a> {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Begin<'a> {
     pub key: &'a [u8],
-    pub fingerprint: [u8; 32],
+    pub fingerprint: Fingerprint,
     pub ttl_ms: u64,
     pub lease_ms: u64,
     /// `WAIT ms`: block up to this long instead of answering `in_flight`.
@@ -381,7 +381,7 @@ mod tests {
     fn begin_parses_options_in_any_order_and_case() {
         let b = begin(&a("k fp 10 wait 7 LEASE 9"), &LIMITS).unwrap();
         assert_eq!((b.ttl_ms, b.lease_ms, b.wait_ms), (10_000, 9, Some(7)));
-        assert_eq!(b.fingerprint, crate::fingerprint(b"fp"));
+        assert_eq!(b.fingerprint.digest(), crate::fingerprint::sha256(b"fp"));
         let b = begin(&a("k fp 1"), &LIMITS).unwrap();
         assert_eq!((b.lease_ms, b.wait_ms), (500, None));
         assert_eq!(b.replay, ReplayLayout::Fields);

@@ -43,7 +43,7 @@ pub fn write_pull_batch<'a>(
         sink.array(FIELDS);
         sink.bulk(key);
         uint(sink, r.token);
-        sink.bulk(hex::encode(r.fingerprint).as_bytes());
+        sink.bulk(hex::encode(r.fingerprint.digest()).as_bytes());
         sink.int(c.status.into());
         sink.bulk(&c.body);
         write_headers(sink, &c.headers);
@@ -68,7 +68,7 @@ fn parse_entry(entry: &Frame) -> Result<PulledRecord, WireError> {
         key: f[0].bytes("key")?.to_vec(),
         record: Record {
             token: read_uint(&f[1], "token")?,
-            fingerprint: read_fingerprint(&f[2])?,
+            fingerprint: read_fingerprint(&f[2])?.into(),
             created_at: read_uint(&f[6], "created_at")?,
             expires_at: read_expiry(&f[8], "expires_at")?,
             state: State::Completed(Completed {

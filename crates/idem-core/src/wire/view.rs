@@ -44,7 +44,7 @@ pub fn write_record(sink: &mut impl ReplySink, record: Option<&Record>) {
     sink.bulk(b"state");
     sink.bulk(state);
     sink.bulk(b"fingerprint");
-    sink.bulk(hex::encode(r.fingerprint).as_bytes());
+    sink.bulk(hex::encode(r.fingerprint.digest()).as_bytes());
     sink.bulk(b"token");
     uint(sink, r.token);
     sink.bulk(b"created_at");
@@ -111,7 +111,7 @@ pub fn parse_record(frame: &Frame) -> Result<Option<Record>, WireError> {
         }
     };
     Ok(Some(Record {
-        fingerprint: read_fingerprint(value(1))?,
+        fingerprint: read_fingerprint(value(1))?.into(),
         token: read_uint(value(2), "token")?,
         created_at: read_uint(value(3), "created_at")?,
         expires_at: read_expiry(value(4), "expires_at")?,
