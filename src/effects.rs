@@ -1,6 +1,8 @@
 //! Deterministic replication: the primary decides, then propagates the
 //! resulting record (with absolute times) as `IDEM._PUT key blob`, or a
 //! `DEL`. Replicas and AOF replay apply effects without deciding anything.
+//! On a node nothing consumes effects from (`consumers`) none is built; the
+//! change is only counted towards the `save` points.
 
 use idem_core::args::name;
 use idem_core::{codec, Error, Record};
@@ -8,10 +10,13 @@ use idem_core::{codec, Error, Record};
 use crate::ffi::call::Call;
 use crate::ffi::ctx::{now_ms, Ctx, Name};
 use crate::ffi::key::Key;
-use crate::{mirror, Shared, TOKENS};
+use crate::{consumers, mirror, stats, Shared, TOKENS};
 
 /// Propagates `record` as the new value of `key` to replicas and the AOF.
 pub fn replicate_put(ctx: Ctx, key: Name, record: &Record) {
+    if !consumers::consumed() {
+        return unconsumed(ctx);
+    }
     // One buffer reused for every effect (main thread only): no allocation
     // on the write path. Redis copies the bytes.
     static BUFFER: Shared<Vec<u8>> = Shared::new(Vec::new());
@@ -26,7 +31,19 @@ pub fn replicate_put(ctx: Ctx, key: Name, record: &Record) {
 
 /// Propagates the deletion of `key`.
 pub fn replicate_del(ctx: Ctx, key: Name) {
+    if !consumers::consumed() {
+        return unconsumed(ctx);
+    }
     ctx.replicate_key(c"DEL", key);
+}
+
+/// An effect nothing would receive: propagating the command as called costs
+/// no lookup and no encoding, and Redis drops it (it checks for consumers
+/// itself); what remains is the change counted towards the `save` points,
+/// as any propagation counts it.
+fn unconsumed(ctx: Ctx) {
+    ctx.replicate_verbatim();
+    stats::EFFECTS_UNCONSUMED.incr();
 }
 
 /// `IDEM._PUT key blob`: stores a record decided elsewhere. Accepted only

@@ -8,7 +8,7 @@ use crate::ffi::call::guard;
 use crate::ffi::ctx::{now_ms, Ctx};
 use crate::ffi::events::{register_info, write_info_section};
 use crate::stats::*;
-use crate::{mirror, waiters};
+use crate::{consumers, mirror, waiters};
 
 pub fn register(ctx: Ctx) {
     register_info(ctx, info);
@@ -37,6 +37,8 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
                 (c"waits_replay", WAITS_REPLAY.get()),
                 (c"waits_takeover", WAITS_TAKEOVER.get()),
                 (c"waits_timeout", WAITS_TIMEOUT.get()),
+                (c"effects_consumed", u64::from(consumers::consumed())),
+                (c"effects_unconsumed", EFFECTS_UNCONSUMED.get()),
             ],
         );
     });

@@ -13,6 +13,7 @@ use redis_module::{
 mod commands;
 mod compat;
 mod config;
+mod consumers;
 mod datatype;
 mod effects;
 mod ffi;
@@ -65,7 +66,10 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     ffi::key::set_record_type(*IDEM_TYPE.raw_type.borrow());
     info::register(ctx);
     compat::check(ctx);
-    match commands::register(ctx).and_then(|()| mirror::events::subscribe(ctx)) {
+    match commands::register(ctx)
+        .and_then(|()| mirror::events::subscribe(ctx))
+        .and_then(|()| consumers::start(ctx))
+    {
         Ok(()) => Status::Ok,
         Err(e) => {
             log_warning(&format!("idem: {e}"));

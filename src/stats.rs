@@ -35,3 +35,4 @@ pub static MIRROR_ACKS: Counter = Counter::new();
 pub static WAITS_REPLAY: Counter = Counter::new();
 pub static WAITS_TAKEOVER: Counter = Counter::new();
 pub static WAITS_TIMEOUT: Counter = Counter::new();
+pub static EFFECTS_UNCONSUMED: Counter = Counter::new();

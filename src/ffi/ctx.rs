@@ -109,7 +109,8 @@ impl Ctx {
         unsafe { api!(RedisModule_Replicate)(self.0, cmd.as_ptr(), c"s".as_ptr(), key.0) };
     }
 
-    /// Propagates the running command as it was called.
+    /// Propagates the running command as it was called (and, like every
+    /// propagation, counts one change towards the `save` points).
     pub fn replicate_verbatim(self) {
         // SAFETY: a live command context.
         unsafe { api!(RedisModule_ReplicateVerbatim)(self.0) };
@@ -122,19 +123,34 @@ impl Ctx {
         section: &std::ffi::CStr,
         field: &std::ffi::CStr,
     ) -> Option<String> {
-        // SAFETY: a live context; the data is freed below, after the field
-        // (a C string inside it) was copied.
+        self.server_info_fields(section, &[field]).pop().flatten()
+    }
+
+    /// Fields of one INFO section, as text, in the order asked (`None`: a
+    /// field the server does not report).
+    pub fn server_info_fields(
+        self,
+        section: &std::ffi::CStr,
+        fields: &[&std::ffi::CStr],
+    ) -> Vec<Option<String>> {
+        // SAFETY: a live context; the data is freed below, after the fields
+        // (C strings inside it) were copied.
         unsafe {
             let data = api!(RedisModule_GetServerInfo)(self.0, section.as_ptr());
             if data.is_null() {
-                return None;
+                return vec![None; fields.len()];
             }
-            let value = api!(RedisModule_ServerInfoGetFieldC)(data, field.as_ptr());
-            let out = (!value.is_null()).then(|| {
-                std::ffi::CStr::from_ptr(value)
-                    .to_string_lossy()
-                    .into_owned()
-            });
+            let out = fields
+                .iter()
+                .map(|field| {
+                    let value = api!(RedisModule_ServerInfoGetFieldC)(data, field.as_ptr());
+                    (!value.is_null()).then(|| {
+                        std::ffi::CStr::from_ptr(value)
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                })
+                .collect();
             api!(RedisModule_FreeServerInfo)(self.0, data);
             out
         }

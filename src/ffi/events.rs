@@ -41,6 +41,13 @@ pub fn subscribe_keyspace(ctx: Ctx, types: i32, callback: KeyspaceCallback) -> R
 pub enum ServerEvent {
     FlushDb,
     SwapDb,
+    /// A child process was born or died (BGSAVE, AOF rewrite, a replica's
+    /// snapshot, a module's fork).
+    ForkChild,
+    /// This node became a primary or a replica.
+    RoleChanged,
+    /// A replica came online or went offline.
+    ReplicaChange,
 }
 
 pub fn subscribe_server(
@@ -51,9 +58,13 @@ pub fn subscribe_server(
     let id = match event {
         ServerEvent::FlushDb => raw::REDISMODULE_EVENT_FLUSHDB,
         ServerEvent::SwapDb => raw::REDISMODULE_EVENT_SWAPDB,
+        ServerEvent::ForkChild => raw::REDISMODULE_EVENT_FORK_CHILD,
+        ServerEvent::RoleChanged => raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+        ServerEvent::ReplicaChange => raw::REDISMODULE_EVENT_REPLICA_CHANGE,
     };
     let event = raw::RedisModuleEvent { id, dataver: 1 };
-    // SAFETY: a live load context; both events exist since Redis 6.
+    // SAFETY: a live load context; every one of these events exists since
+    // Redis 6.2.
     let status =
         unsafe { api!(RedisModule_SubscribeToServerEvent)(ctx.raw(), event, Some(callback)) };
     ok(status, "server events")
