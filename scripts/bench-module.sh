@@ -39,6 +39,13 @@
 # instructions that SHA-NI hardware does in a few hundred cycles; with the
 # 32-byte fingerprint used here, replay, in-flight and mismatch hash nothing.
 #
+# The server has no replica and no AOF, so idem builds no effects
+# (src/consumers.rs) and `SET` propagates nothing either. EFFECTS=consumed
+# measures the other case: a replica syncs and is shut down before the
+# phases, leaving the replication backlog that then receives every effect
+# (and every `SET`), as on a primary with replicas, without a third process
+# on the cores.
+#
 # Usage: scripts/bench-module.sh [instructions]
 #                                       (env knobs below; BENCH_STRICT=1 makes
 #                                        a missed target exit non-zero)
@@ -107,6 +114,35 @@ fail() { echo "bench-module: $*" >&2; exit 1; }
 
 # A numeric field of INFO <section>.
 info_field() { cli INFO "$2" | tr -d '\r' | awk -F: -v f="$1" '$1 == f { print $2 }'; }
+
+EFFECTS=${EFFECTS:-unconsumed}
+case $EFFECTS in
+unconsumed) ;;
+consumed)
+    # A replica syncs once and goes: the backlog it leaves consumes effects.
+    RPORT=$(free_port)
+    redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no \
+        --dir "$WORK" --logfile "$WORK/replica.log" --loadmodule "$MODULE" \
+        --replicaof 127.0.0.1 "$PORT" >/dev/null 2>&1 &
+    for _ in $(seq 600); do
+        [[ $(redis-cli -p "$RPORT" INFO replication 2>/dev/null | tr -d '\r' |
+            awk -F: '$1 == "master_link_status" { print $2 }') == up ]] && break
+        sleep 0.05
+    done
+    redis-cli -p "$RPORT" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+    wait $! 2>/dev/null || true
+    (($(info_field repl_backlog_active replication) == 1)) || fail "no replication backlog"
+    ;;
+*) fail "EFFECTS is unconsumed or consumed, not $EFFECTS" ;;
+esac
+# idem checks for consumers once a second (src/consumers.rs): wait for the
+# answer the phases are meant to measure.
+want=$([[ $EFFECTS == consumed ]] && echo 1 || echo 0)
+for _ in $(seq 100); do
+    [[ $(info_field idem_effects_consumed idem) == "$want" ]] && break
+    sleep 0.05
+done
+[[ $(info_field idem_effects_consumed idem) == "$want" ]] || fail "idem_effects_consumed is not $want"
 errors_so_far() { info_field total_error_replies stats; }
 
 flush() {
@@ -524,7 +560,7 @@ echo "  BEGIN new ${U_BEGIN[*]} | SET NX ${U_SET[*]}"
 echo "  replay ${U_REPLAY[*]} | four-field ${U_REPLAY_FIELDS[*]} | in-flight ${U_INFLIGHT[*]} | mismatch ${U_MISMATCH[*]} | GET ${U_GET[*]}"
 echo "  COMPLETE ${U_COMPLETE[*]} | SET EX ${U_SETBODY[*]} | wake ${U_WAKE[*]} | no wake ${U_NOWAKE[*]}"
 echo "requests: $REQUESTS per phase ($LUA_REQUESTS for Lua), fingerprint: 32 B, keys: 36 B (memory), body: 256 B," \
-    "$MEM_RECORDS records per memory variant"
+    "$MEM_RECORDS records per memory variant, effects: $EFFECTS"
 
 if [[ $FAILED == 1 ]]; then
     echo "some targets missed" >&2

@@ -11,6 +11,12 @@ source scripts/lib/common.sh
 ensure_base_packages
 cargo build --release --workspace --examples >/dev/null
 
+# The module twice: as benchmarked (no replica, no AOF: idem builds no
+# effects), and with a replication backlog receiving every effect.
+run_module() {
+  scripts/bench-module.sh
+  echo; EFFECTS=consumed scripts/bench-module.sh
+}
 run_wait() {
   echo "== WAIT wake-up (issue 5) =="
   ulimit -n 8192 2>/dev/null || true
@@ -18,13 +24,13 @@ run_wait() {
 }
 
 case ${1:-all} in
-  module) scripts/bench-module.sh; echo; scripts/bench-keyspace.sh ;;
+  module) run_module; echo; scripts/bench-keyspace.sh ;;
   mirror) scripts/bench-mirror.sh ;;
   http) scripts/bench-http.sh ;;
   wait) run_wait ;;
   partition) scripts/bench-partition.sh ;;
   all)
-    scripts/bench-module.sh
+    run_module
     echo; scripts/bench-keyspace.sh
     echo; run_wait
     echo; scripts/bench-mirror.sh

@@ -12,11 +12,20 @@ use crate::ffi::ctx::{now_ms, Ctx, Name};
 use crate::ffi::key::Key;
 use crate::{consumers, mirror, stats, Shared, TOKENS};
 
-/// Propagates `record` as the new value of `key` to replicas and the AOF.
+/// Propagates `record`, the new value of the running command's key, to
+/// replicas and the AOF.
 pub fn replicate_put(ctx: Ctx, key: Name, record: &Record) {
     if !consumers::consumed() {
         return unconsumed(ctx);
     }
+    replicate_put_always(ctx, key, record);
+}
+
+/// As `replicate_put`, for a change the running command did not ask for (a
+/// waiter granted a record from a timer, or from another command): always
+/// built, since propagating the running command verbatim would not describe
+/// it.
+pub fn replicate_put_always(ctx: Ctx, key: Name, record: &Record) {
     // One buffer reused for every effect (main thread only): no allocation
     // on the write path. Redis copies the bytes.
     static BUFFER: Shared<Vec<u8>> = Shared::new(Vec::new());

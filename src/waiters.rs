@@ -280,14 +280,14 @@ fn settle_named(ctx: Ctx, id: &KeyId, name: Name) {
         };
         let answer_now = match engine::begin(record, &req, now_ms, || TOKENS.lock()) {
             Begin::Created(record) => {
-                effects::replicate_put(ctx, name, &record);
+                effects::replicate_put_always(ctx, name, &record);
                 let (token, lease_until) = (record.token, lease_end(&record.state));
                 handle.store(record);
                 Some((Answer::New(token), Some(lease_until)))
             }
             Begin::TakenOver { token } => match handle.signal_then_record() {
                 Ok(Some(record)) => {
-                    effects::replicate_put(ctx, name, record);
+                    effects::replicate_put_always(ctx, name, record);
                     stats::TAKEOVERS.incr();
                     Some((Answer::New(token), Some(lease_end(&record.state))))
                 }
