@@ -41,11 +41,11 @@ static PULLERS: Shared<Pullers> = Shared::new(Pullers {
 pub fn pull(call: &Call) -> Result<(), Error> {
     let req = args::pull(&call.args, config::mirror_claim_ms())?;
     let db = call.ctx.db();
-    let batch = claim(call.ctx, db, &req);
+    let caller = Caller::of(call.ctx);
+    let batch = claim(call.ctx, db, &req, &caller);
     match req.block_ms {
         Some(ms) if ms > 0 && batch.is_empty() && call.ctx.may_block() => {
             // Only a claim this caller could take shortens the wait.
-            let caller = Caller::of(call.ctx);
             let next = with_index(db, |i| i.next_available_where(|k| caller.may_read(k))).flatten();
             let timeout = next.map_or(ms, |at| ms.min(at.saturating_sub(now_ms()).max(1)));
             block_puller(call.ctx, db, timeout);
@@ -57,9 +57,8 @@ pub fn pull(call: &Call) -> Result<(), Error> {
 
 /// Claims up to `count` records the caller may read; drops index entries
 /// whose record is gone, replaced or already mirrored.
-fn claim<'a>(ctx: Ctx, db: i32, req: &args::Pull) -> Vec<(Vec<u8>, &'a Record)> {
+fn claim<'a>(ctx: Ctx, db: i32, req: &args::Pull, caller: &Caller) -> Vec<(Vec<u8>, &'a Record)> {
     let now = now_ms();
-    let caller = Caller::of(ctx);
     let mut out = Vec::new();
     loop {
         let want = req.count - out.len();
@@ -156,7 +155,7 @@ extern "C" fn puller_reply(
         let batch = match args::pull(&arg_bytes(argv, argc), config::mirror_claim_ms()) {
             Ok(req) => {
                 ctx.select_db(db);
-                claim(ctx, db, &req)
+                claim(ctx, db, &req, &Caller::of(ctx))
             }
             Err(_) => Vec::new(),
         };
