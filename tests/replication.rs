@@ -10,13 +10,13 @@ use idem_testkit::{eventually, RedisConfig, RedisServer};
 use redis::{Connection, Value};
 use std::time::Duration;
 
-/// A primary (no periodic pings, so the replication offset only moves with
-/// real writes) and a synced replica.
 /// 32 bytes, as idem-client sends: the primary keeps it as sent, the replica
-/// receives its SHA-256 (`idem_core::fingerprint`).
+/// receives its SHA-256 (`idem_core::Fingerprint`).
 const FP32: &str = "0123456789abcdef0123456789abcdef";
 const OTHER32: &str = "fedcba9876543210fedcba9876543210";
 
+/// A primary (no periodic pings, so the replication offset only moves with
+/// real writes) and a synced replica.
 fn pair() -> (RedisServer, RedisServer) {
     let primary = RedisConfig::default()
         .server_arg("repl-ping-replica-period", "3600")

@@ -40,13 +40,6 @@ impl Fingerprint {
     }
 }
 
-impl From<[u8; 32]> for Fingerprint {
-    /// A stored form (decoded from RDB, replication or a reply).
-    fn from(digest: [u8; 32]) -> Fingerprint {
-        Fingerprint::Digest(digest)
-    }
-}
-
 impl PartialEq for Fingerprint {
     fn eq(&self, other: &Fingerprint) -> bool {
         match (self, other) {
@@ -108,7 +101,7 @@ mod tests {
         ) {
             let form = |bytes: &[u8], stored: bool| {
                 let f = Fingerprint::of(bytes);
-                if stored { Fingerprint::from(f.digest()) } else { f }
+                if stored { Fingerprint::Digest(f.digest()) } else { f }
             };
             let (fa, fb) = (form(&a, a_stored), form(&b, b_stored));
             prop_assert_eq!(fa == fb, a == b);

@@ -6,7 +6,7 @@
 
 use idem_core::codec::{decode, encode, FORMAT_V1};
 use idem_core::wire::ErrorCode;
-use idem_core::{Completed, Header, MirrorState, Record, State};
+use idem_core::{Completed, Fingerprint, Header, MirrorState, Record, State};
 use proptest::prelude::*;
 
 fn config(cases: u32) -> ProptestConfig {
@@ -54,15 +54,27 @@ fn record() -> impl Strategy<Value = Record> {
         time().prop_map(|lease_until| State::InProgress { lease_until }),
         completed,
     ];
-    (any::<[u8; 32]>(), 1u64..1 << 53, time(), time(), state).prop_map(
-        |(fingerprint, token, created_at, expires_at, state)| Record {
-            fingerprint: fingerprint.into(),
-            token,
-            created_at,
-            expires_at,
-            state,
-        },
+    (
+        (any::<[u8; 32]>(), any::<bool>()),
+        1u64..1 << 53,
+        time(),
+        time(),
+        state,
     )
+        .prop_map(
+            |((bytes, sent), token, created_at, expires_at, state)| Record {
+                // Either form: the encoding always carries the digest.
+                fingerprint: if sent {
+                    Fingerprint::Sent(bytes)
+                } else {
+                    Fingerprint::Digest(bytes)
+                },
+                token,
+                created_at,
+                expires_at,
+                state,
+            },
+        )
 }
 
 /// What the decoder may do with any input: refuse it as CORRUPT, or return a
@@ -132,7 +144,7 @@ proptest! {
 #[test]
 fn huge_length_prefixes_are_refused_without_allocating() {
     let r = Record {
-        fingerprint: [1; 32].into(),
+        fingerprint: Fingerprint::Digest([1; 32]),
         token: 5,
         created_at: 1,
         expires_at: 2,

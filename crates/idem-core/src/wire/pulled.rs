@@ -6,7 +6,7 @@ use super::{
     read_expiry, read_fingerprint, read_headers, read_status, read_uint, uint, write_expiry,
     write_headers, Frame, ReplySink, WireError,
 };
-use crate::{Completed, MirrorState, Record, State};
+use crate::{Completed, Fingerprint, MirrorState, Record, State};
 
 /// Fields of one pulled record.
 const FIELDS: usize = 9;
@@ -68,7 +68,7 @@ fn parse_entry(entry: &Frame) -> Result<PulledRecord, WireError> {
         key: f[0].bytes("key")?.to_vec(),
         record: Record {
             token: read_uint(&f[1], "token")?,
-            fingerprint: read_fingerprint(&f[2])?.into(),
+            fingerprint: Fingerprint::Digest(read_fingerprint(&f[2])?),
             created_at: read_uint(&f[6], "created_at")?,
             expires_at: read_expiry(&f[8], "expires_at")?,
             state: State::Completed(Completed {

@@ -7,7 +7,7 @@ use super::{
     read_expiry, read_fingerprint, read_headers, read_status, read_uint, uint, write_expiry,
     write_headers, Frame, ReplySink, WireError,
 };
-use crate::{Completed, MirrorState, Record, State};
+use crate::{Completed, Fingerprint, MirrorState, Record, State};
 
 const IN_PROGRESS: [&str; 6] = [
     "state",
@@ -111,7 +111,7 @@ pub fn parse_record(frame: &Frame) -> Result<Option<Record>, WireError> {
         }
     };
     Ok(Some(Record {
-        fingerprint: read_fingerprint(value(1))?.into(),
+        fingerprint: Fingerprint::Digest(read_fingerprint(value(1))?),
         token: read_uint(value(2), "token")?,
         created_at: read_uint(value(3), "created_at")?,
         expires_at: read_expiry(value(4), "expires_at")?,
