@@ -11,7 +11,9 @@
 //! The answer starts as "consumed" and stays so on any doubt:
 //! - a check every `CHECK_EVERY_MS` (INFO `replication` and `persistence`)
 //!   turns it off only on a primary with no replica, no backlog, the AOF off
-//!   and no child process;
+//!   and no child process, outside cluster mode (Valkey 9 streams a slot
+//!   being migrated to its new node with no replica, backlog or lasting
+//!   child: `CLUSTER MIGRATESLOTS`);
 //! - every fork turns it on at once, before any later command runs. A replica's
 //!   full sync or an AOF rewrite starts with a fork, and only what happens
 //!   after that fork has to reach it: everything before is in the snapshot.
@@ -71,17 +73,17 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
 
 /// The INFO fields that must all read as below for nothing to consume
 /// effects; a field missing (another server's INFO) counts as a consumer.
-const QUIET: [(&CStr, &CStr, &[&str]); 7] = [
+const QUIET: [(&CStr, &CStr, &[&str]); 4] = [
     (c"replication", c"role", &["master", "primary"]),
     (c"replication", c"connected_slaves", &["0"]),
     (c"replication", c"repl_backlog_active", &["0"]),
     (c"persistence", c"aof_enabled", &["0"]),
-    (c"persistence", c"rdb_bgsave_in_progress", &["0"]),
-    (c"persistence", c"aof_rewrite_in_progress", &["0"]),
-    (c"persistence", c"module_fork_in_progress", &["0"]),
 ];
 
 fn has_consumers(ctx: Ctx) -> bool {
+    if ctx.in_cluster_or_forked() {
+        return true;
+    }
     [c"replication", c"persistence"].into_iter().any(|section| {
         let wanted: Vec<_> = QUIET.iter().filter(|q| q.0 == section).collect();
         let fields: Vec<&CStr> = wanted.iter().map(|q| q.1).collect();

@@ -1,7 +1,8 @@
 //! Effects nobody receives are not built (`src/consumers.rs`): a standalone
 //! primary without AOF counts its changes towards the `save` points and
 //! builds no effect; a replica that attaches mid-traffic, and an AOF switched
-//! on mid-traffic, still receive every change made after their snapshot.
+//! on mid-traffic, still receive every change made after their snapshot; a
+//! cluster node always builds them.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use idem_testkit::{eventually, RedisServer};
+use idem_testkit::{eventually, RedisConfig, RedisServer};
 use redis::{Connection, Value};
 
 /// 32 bytes, as idem-client sends.
@@ -68,6 +69,21 @@ fn a_standalone_node_builds_no_effect_and_still_counts_its_changes() {
     assert_eq!(consumed(&mut c), 1);
     wait_persistence_idle(&mut c);
     wait_unconsumed(&mut c);
+}
+
+/// A cluster node always builds its effects: Valkey 9 streams the slots it
+/// migrates to their new node as it propagates (`CLUSTER MIGRATESLOTS`),
+/// with no replica, backlog or lasting child process to show for it.
+#[test]
+fn a_cluster_node_always_builds_its_effects() {
+    let s = RedisConfig::default()
+        .server_arg("cluster-enabled", "yes")
+        .start();
+    let mut c = s.conn();
+    // Three checks' worth of time, each of which would have turned it off.
+    sleep_ms(3 * 1000 + 500);
+    assert_eq!(consumed(&mut c), 1);
+    assert_eq!(idem_info(&mut c)["idem_effects_unconsumed"], 0);
 }
 
 /// Writes BEGIN + COMPLETE pairs on fresh keys until told to stop; returns

@@ -46,6 +46,14 @@ impl Ctx {
             != 0
     }
 
+    /// Cluster mode, or a child process of any kind running (RDB, AOF
+    /// rewrite, a module's fork, and whatever kinds later servers add).
+    pub fn in_cluster_or_forked(self) -> bool {
+        self.flags()
+            & (raw::REDISMODULE_CTX_FLAGS_CLUSTER | raw::REDISMODULE_CTX_FLAGS_ACTIVE_CHILD)
+            != 0
+    }
+
     /// The server is loading a dataset (RDB, full sync, AOF, DEBUG RELOAD).
     pub fn is_loading(self) -> bool {
         self.flags() & raw::REDISMODULE_CTX_FLAGS_LOADING != 0
