@@ -75,6 +75,9 @@ mod raw {
             tokio::spawn(async move {
                 let mut out = Vec::new();
                 while let Some(reply) = queued.recv().await {
+                    if std::env::var_os("MW_YIELD").is_some() {
+                        tokio::task::yield_now().await;
+                    }
                     out.extend_from_slice(PING);
                     sent.send(reply).unwrap();
                     while let Ok(reply) = queued.try_recv() {
@@ -262,8 +265,17 @@ fn main() {
         let manager = redis::aio::ConnectionManager::new(redis.client())
             .await
             .unwrap();
+        let mplex = redis
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         let packed = std::env::var("MW_PACKED").map_or(true, |v| v != "0");
-        let client = IdemClient::standalone(redis.client())
+        let transport = match std::env::var("MW_TRANSPORT").as_deref() {
+            Ok("manager") => idem_client::Transport::Manager,
+            _ => idem_client::Transport::Pipe,
+        };
+        let client = IdemClient::standalone_with(redis.client(), transport)
             .await
             .unwrap()
             .with_packed_replies(packed);
@@ -283,6 +295,7 @@ fn main() {
         assert_eq!(seeded.status(), StatusCode::CREATED);
         let run = |count: usize, offset: usize| {
             let manager = manager.clone();
+            let mplex = mplex.clone();
             let service = service.clone();
             let mode = mode.clone();
             let (mux, direct) = (mux.clone(), direct.clone());
@@ -298,13 +311,18 @@ fn main() {
                         let mut bare = bare;
                         let mode = mode.clone();
                         let mut manager = manager.clone();
+                        let mut mplex = mplex.clone();
                         let (mux, direct) = (mux.clone(), direct.clone());
                         running.push(tokio::spawn(async move {
                             let (status, body) = match mode.as_str() {
-                                "ping" | "floor" | "direct" => {
+                                "ping" | "floor" | "direct" | "mplex" => {
                                     match mode.as_str() {
                                         "floor" => mux.ping().await,
                                         "direct" => direct.ping().await,
+                                        "mplex" => redis::cmd("PING")
+                                            .query_async::<()>(&mut mplex)
+                                            .await
+                                            .unwrap(),
                                         _ => redis::cmd("PING")
                                             .query_async::<()>(&mut manager)
                                             .await

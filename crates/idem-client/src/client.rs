@@ -1,5 +1,5 @@
 //! `IdemClient`: the IDEM.* commands over any async redis-rs connection
-//! (multiplexed, connection manager, cluster), each call bounded by a timeout.
+//! (idem's `Pipe`, multiplexed, connection manager, cluster), each call bounded by a timeout.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use idem_core::args::{self, Abort, BeginArgs, CompleteArgs, Encode, KeyToken, Touch};
 use idem_core::wire::ReplayLayout;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Value};
 
 use crate::call::{bounded, DEFAULT_CALL_TIMEOUT};
 use crate::reply::{parse_abort, parse_begin, parse_ok, parse_touch};
+use crate::standalone::{StandaloneConnection, Transport};
 use crate::wait_connections::{DedicatedConnections, WaitConnections};
 use crate::{BeginOptions, IdemError, Origin, Outcome, StoredResponse};
 
@@ -64,20 +65,22 @@ impl<C> std::fmt::Debug for IdemClient<C> {
     }
 }
 
-impl IdemClient<ConnectionManager> {
-    /// A client for one Redis server: a reconnecting `ConnectionManager` for
-    /// the ordinary calls and dedicated connections for `WAIT`.
+impl IdemClient<StandaloneConnection> {
+    /// A client for one Redis server: a [`Pipe`](crate::Pipe) (or, for TLS
+    /// and RESP3, redis-rs' `ConnectionManager`) for the ordinary calls and
+    /// dedicated connections for `WAIT`.
     pub async fn standalone(client: redis::Client) -> Result<Self, IdemError> {
-        // No response timeout of its own: every call is bounded by the
-        // client's call timeout already.
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1))
-            .set_connection_timeout(Some(DEFAULT_CALL_TIMEOUT))
-            .set_response_timeout(None);
-        let manager = ConnectionManager::new_with_config(client.clone(), config).await?;
+        IdemClient::standalone_with(client, Transport::Auto).await
+    }
+
+    /// `standalone` over the connection `transport` names.
+    pub async fn standalone_with(
+        client: redis::Client,
+        transport: Transport,
+    ) -> Result<Self, IdemError> {
+        let conn = StandaloneConnection::connect(&client, transport).await?;
         let wait = DedicatedConnections::standalone(client);
-        Ok(IdemClient::new(manager).with_wait_connections(Arc::new(wait)))
+        Ok(IdemClient::new(conn).with_wait_connections(Arc::new(wait)))
     }
 }
 

@@ -1,7 +1,7 @@
-//! Client for the idem Redis module: the IDEM.* commands over redis-rs
-//! (standalone and cluster) or an in-memory store, request fingerprints
-//! (with RFC 8785 JSON canonicalization), read-through from the Postgres
-//! mirror, a tower/axum `Idempotency-Key` middleware, and the Postgres fence
+//! Client for the idem Redis module: the IDEM.* commands over idem's lean
+//! multiplexed connection ([`Pipe`]), redis-rs (standalone and cluster) or
+//! an in-memory store, request fingerprints (with RFC 8785 JSON
+//! canonicalization), read-through from the Postgres mirror, a tower/axum `Idempotency-Key` middleware, and the Postgres fence
 //! for handlers whose effects live in Postgres.
 //!
 //! Cargo features, both on by default: `middleware` (the tower layer:
@@ -30,9 +30,11 @@ pub mod memory;
 #[cfg(feature = "middleware")]
 pub mod middleware;
 mod outcome;
+mod pipe;
 #[cfg(feature = "postgres")]
 mod read_through;
 mod reply;
+mod standalone;
 mod wait_connections;
 
 pub use call::DEFAULT_CALL_TIMEOUT;
@@ -45,6 +47,8 @@ pub use memory::MemoryStore;
 #[cfg(feature = "middleware")]
 pub use middleware::{Idempotency, IdempotencyLayer};
 pub use outcome::{BeginOptions, Origin, Outcome, StoredResponse};
+pub use pipe::Pipe;
 #[cfg(feature = "postgres")]
 pub use read_through::{MirroredRecord, ReadThrough, DEFAULT_LOOKUP_TIMEOUT};
+pub use standalone::{StandaloneConnection, Transport};
 pub use wait_connections::{DedicatedConnections, WaitConnections, DEFAULT_MAX_IDLE};

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{new_token, LONG};
 use idem_client::{
-    BeginOptions, IdemClient, IdemError, MemoryStore, Origin, Outcome, StoredResponse,
+    BeginOptions, IdemClient, IdemError, MemoryStore, Origin, Outcome, StandaloneConnection,
+    StoredResponse, Transport,
 };
 use idem_core::State;
 use idem_testkit::wire::idem_get_async;
@@ -294,14 +295,9 @@ fn memory() -> (IdemClient<MemoryStore>, MemoryStore) {
     (IdemClient::memory(store.clone()), store)
 }
 
-async fn redis(
-    server: &RedisServer,
-) -> (
-    IdemClient<redis::aio::ConnectionManager>,
-    redis::aio::ConnectionManager,
-) {
+async fn redis(server: &RedisServer) -> (IdemClient<StandaloneConnection>, StandaloneConnection) {
     let client = IdemClient::standalone(server.client()).await.unwrap();
-    let conn = redis::aio::ConnectionManager::new(server.client())
+    let conn = StandaloneConnection::connect(&server.client(), Transport::Auto)
         .await
         .unwrap();
     (client, conn)

@@ -17,8 +17,8 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
 use deadpool_postgres::Pool;
+use idem_client::StandaloneConnection;
 use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
-use redis::aio::ConnectionManager;
 
 pub use config::Settings;
 
@@ -63,7 +63,7 @@ pub fn routes(state: AppState) -> Router {
 }
 
 /// The routes behind the idempotency layer.
-pub fn app(state: AppState, layer: IdempotencyLayer<ConnectionManager>) -> Router {
+pub fn app(state: AppState, layer: IdempotencyLayer<StandaloneConnection>) -> Router {
     routes(state).layer(layer)
 }
 
@@ -73,7 +73,7 @@ pub fn app(state: AppState, layer: IdempotencyLayer<ConnectionManager>) -> Route
 pub async fn idempotency_layer(
     redis_url: &str,
     read_through: Option<Pool>,
-) -> anyhow::Result<IdempotencyLayer<ConnectionManager>> {
+) -> anyhow::Result<IdempotencyLayer<StandaloneConnection>> {
     let redis = redis::Client::open(redis_url).context("invalid REDIS_URL")?;
     let client = IdemClient::standalone(redis)
         .await

@@ -1,0 +1,536 @@
+//! `Pipe`: one multiplexed RESP2 connection to one Redis node, lean enough
+//! that a round trip costs little more than its two system calls.
+//!
+//! Callers append their command to a shared buffer and wait for their reply;
+//! a writer task writes everything queued in one call, after the runtime has
+//! run every task that was ready (so one write carries the commands of all
+//! requests of that moment), and a reader task answers callers in order.
+//! redis-rs' multiplexed connection writes after each command's wake-up and
+//! reads through a generic codec; the difference measured per round trip is
+//! in the README ("Middleware CPU per request").
+//!
+//! A broken connection fails every call waiting on it (an I/O error, which
+//! the client treats as "unavailable") and the next call reconnects; a
+//! connect that fails is not tried again for a short, growing delay, during
+//! which calls fail at once.
+
+mod resp;
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ConnectionAddr, Pipeline, ProtocolVersion, RedisFuture, RedisResult, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{oneshot, Notify};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::call::DEFAULT_CALL_TIMEOUT;
+
+/// Calls queued on one connection at most; more fail at once (the node is
+/// not keeping up, or not answering at all).
+const MAX_QUEUED: usize = 1 << 16;
+/// First and longest wait before another connect after one failed.
+const RETRY_FIRST: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Read buffer: grown by this much when it runs low.
+const READ_CHUNK: usize = 64 * 1024;
+/// A write buffer larger than this is not kept for reuse.
+const KEEP_BUFFER: usize = 1024 * 1024;
+
+type Reply = oneshot::Sender<RedisResult<Value>>;
+
+/// A multiplexed connection to one Redis node over TCP or a Unix socket,
+/// speaking RESP2. Cheap to clone; clones share the connection, which closes
+/// when the last clone is dropped.
+#[derive(Clone)]
+pub struct Pipe {
+    shared: Arc<Shared>,
+    _closer: Arc<Closer>,
+}
+
+impl std::fmt::Debug for Pipe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipe")
+            .field("addr", self.shared.info.addr())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    info: redis::ConnectionInfo,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// Commands not yet handed to the writer, in the order of `waiting`.
+    out: Vec<u8>,
+    /// One entry per command written or queued, oldest first: replies come
+    /// back in this order.
+    waiting: VecDeque<Reply>,
+    link: Link,
+    /// After a failed connect: no new attempt before this.
+    retry_at: Option<Instant>,
+    retry_delay: Duration,
+    last_error: String,
+    /// Numbers each connection, so a task of an old one changes nothing.
+    generation: u64,
+}
+
+enum Link {
+    Up(Session),
+    Connecting,
+    Down,
+    Closed,
+}
+
+struct Session {
+    generation: u64,
+    wake_writer: Arc<Notify>,
+    tasks: [AbortHandle; 2],
+}
+
+/// Stops the connection's tasks when the last `Pipe` clone goes.
+struct Closer(Arc<Shared>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        if let Link::Up(session) = std::mem::replace(&mut state.link, Link::Closed) {
+            session.tasks.iter().for_each(AbortHandle::abort);
+        }
+        fail_all(
+            &mut state,
+            io::ErrorKind::NotConnected,
+            "the connection was closed",
+        );
+    }
+}
+
+impl Pipe {
+    /// Connects to the node `client` names (TCP or Unix socket, RESP2; with
+    /// its username, password and database). Fails when the first connect
+    /// fails, or for TLS or RESP3, which this connection does not speak.
+    pub async fn connect(client: &redis::Client) -> RedisResult<Pipe> {
+        let info = client.get_connection_info().clone();
+        Pipe::supports(&info).map_err(|reason| {
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "Pipe cannot connect",
+                reason.to_string(),
+            ))
+        })?;
+        let shared = Arc::new(Shared {
+            info,
+            state: Mutex::new(State {
+                out: Vec::new(),
+                waiting: VecDeque::new(),
+                link: Link::Connecting,
+                retry_at: None,
+                retry_delay: RETRY_FIRST,
+                last_error: String::new(),
+                generation: 0,
+            }),
+        });
+        match establish(&shared.info).await {
+            Ok(stream) => shared.up(stream),
+            Err(err) => {
+                shared.lock().link = Link::Down;
+                return Err(err.into());
+            }
+        }
+        Ok(Pipe {
+            _closer: Arc::new(Closer(shared.clone())),
+            shared,
+        })
+    }
+
+    /// Whether `info` is a connection `Pipe` can make; `Err` says why not.
+    pub fn supports(info: &redis::ConnectionInfo) -> Result<(), &'static str> {
+        if info.redis_settings().protocol() != ProtocolVersion::RESP2 {
+            return Err("it speaks RESP2 only");
+        }
+        match info.addr() {
+            ConnectionAddr::Tcp(..) | ConnectionAddr::Unix(_) => Ok(()),
+            _ => Err("it connects over plain TCP or a Unix socket only"),
+        }
+    }
+
+    /// Queues `count` replies' worth of commands (written by `write`) and
+    /// returns where the replies will arrive, in order.
+    fn send(
+        &self,
+        count: usize,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Vec<oneshot::Receiver<RedisResult<Value>>>, redis::RedisError> {
+        let mut receivers = Vec::with_capacity(count);
+        let mut state = self.shared.lock();
+        match &state.link {
+            Link::Up(_) | Link::Connecting => {}
+            Link::Closed => return Err(io_error(io::ErrorKind::NotConnected, "closed")),
+            Link::Down => {
+                if state.retry_at.is_some_and(|at| Instant::now() < at) {
+                    let detail = format!("reconnecting after: {}", state.last_error);
+                    return Err(io_error(io::ErrorKind::ConnectionRefused, &detail));
+                }
+                state.link = Link::Connecting;
+                let shared = self.shared.clone();
+                tokio::spawn(async move { shared.reconnect().await });
+            }
+        }
+        if state.waiting.len() + count > MAX_QUEUED {
+            return Err(io_error(
+                io::ErrorKind::WouldBlock,
+                "too many calls queued on the connection",
+            ));
+        }
+        let was_empty = state.out.is_empty();
+        write(&mut state.out);
+        for _ in 0..count {
+            let (tx, rx) = oneshot::channel();
+            state.waiting.push_back(tx);
+            receivers.push(rx);
+        }
+        // The writer is woken once per batch: a non-empty buffer has a
+        // wake-up pending already.
+        if was_empty {
+            if let Link::Up(session) = &state.link {
+                session.wake_writer.notify_one();
+            }
+        }
+        Ok(receivers)
+    }
+
+    fn send_one(&self, cmd: &Cmd) -> RedisFuture<'static, Value> {
+        let sent = self.send(1, |out| cmd.write_packed_command(out));
+        Box::pin(async move {
+            let mut receivers = sent?;
+            let receiver = receivers.pop().expect("one receiver per command");
+            receiver.await.unwrap_or_else(|_| Err(dropped()))
+        })
+    }
+}
+
+impl ConnectionLike for Pipe {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.send_one(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let sent = self.send(offset + count, |out| {
+            out.extend_from_slice(&pipeline.get_packed_pipeline())
+        });
+        Box::pin(async move {
+            let mut replies = Vec::with_capacity(count);
+            for (i, receiver) in sent?.into_iter().enumerate() {
+                let reply = receiver.await.unwrap_or_else(|_| Err(dropped()))?;
+                if i >= offset {
+                    replies.push(reply);
+                }
+            }
+            Ok(replies)
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.info.redis_settings().db()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent at every unlock: a panic elsewhere
+        // leaves nothing half-done.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A connect after the link went down, started by a call.
+    async fn reconnect(self: Arc<Self>) {
+        match establish(&self.info).await {
+            Ok(stream) => self.up(stream),
+            Err(err) => {
+                let mut state = self.lock();
+                if !matches!(state.link, Link::Connecting) {
+                    return;
+                }
+                state.link = Link::Down;
+                state.retry_at = Some(Instant::now() + state.retry_delay);
+                state.retry_delay = (state.retry_delay * 2).min(RETRY_MAX);
+                state.last_error = err.to_string();
+                fail_all(&mut state, err.kind(), &err.to_string());
+            }
+        }
+    }
+
+    /// A fresh connection goes live: its writer and reader start, and what
+    /// was queued meanwhile is written.
+    fn up(self: &Arc<Self>, stream: Stream) {
+        let mut state = self.lock();
+        if !matches!(state.link, Link::Connecting) {
+            return; // closed meanwhile: the stream is dropped
+        }
+        state.generation += 1;
+        let generation = state.generation;
+        let wake_writer = Arc::new(Notify::new());
+        let tasks = match stream {
+            Stream::Tcp(stream) => {
+                let (rd, wr) = stream.into_split();
+                self.spawn_tasks(generation, &wake_writer, rd, wr)
+            }
+            Stream::Unix(stream) => {
+                let (rd, wr) = stream.into_split();
+                self.spawn_tasks(generation, &wake_writer, rd, wr)
+            }
+        };
+        if !state.out.is_empty() {
+            wake_writer.notify_one();
+        }
+        state.retry_at = None;
+        state.retry_delay = RETRY_FIRST;
+        state.link = Link::Up(Session {
+            generation,
+            wake_writer,
+            tasks,
+        });
+    }
+
+    fn spawn_tasks<R, W>(
+        self: &Arc<Self>,
+        generation: u64,
+        wake_writer: &Arc<Notify>,
+        rd: R,
+        wr: W,
+    ) -> [AbortHandle; 2]
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let writer = tokio::spawn(self.clone().write(generation, wake_writer.clone(), wr));
+        let reader = tokio::spawn(self.clone().read(generation, rd));
+        [writer.abort_handle(), reader.abort_handle()]
+    }
+
+    async fn write<W: AsyncWrite + Unpin>(
+        self: Arc<Self>,
+        generation: u64,
+        wake: Arc<Notify>,
+        mut wr: W,
+    ) {
+        let mut batch = Vec::new();
+        loop {
+            wake.notified().await;
+            // Let every task that is ready queue its command first.
+            tokio::task::yield_now().await;
+            {
+                let mut state = self.lock();
+                if !state.is_current(generation) {
+                    return;
+                }
+                std::mem::swap(&mut state.out, &mut batch);
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            if let Err(err) = wr.write_all(&batch).await {
+                self.down(generation, err.kind(), &format!("write failed: {err}"));
+                return;
+            }
+            batch.clear();
+            if batch.capacity() > KEEP_BUFFER {
+                batch = Vec::new();
+            }
+        }
+    }
+
+    async fn read<R: AsyncRead + Unpin>(self: Arc<Self>, generation: u64, mut rd: R) {
+        let mut buf = bytes::BytesMut::with_capacity(READ_CHUNK);
+        let mut replies = Vec::new();
+        let mut answered = Vec::new();
+        loop {
+            if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+                buf.reserve(READ_CHUNK);
+            }
+            match rd.read_buf(&mut buf).await {
+                Ok(0) => {
+                    let detail = "the server closed the connection";
+                    return self.down(generation, io::ErrorKind::UnexpectedEof, detail);
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    return self.down(generation, err.kind(), &format!("read failed: {err}"));
+                }
+            }
+            let mut used = 0;
+            loop {
+                match resp::parse(&buf[used..]) {
+                    Ok(Some((value, len))) => {
+                        used += len;
+                        replies.push(value);
+                    }
+                    Ok(None) => break,
+                    Err(err) => {
+                        let detail = err.to_string();
+                        return self.down(generation, io::ErrorKind::InvalidData, &detail);
+                    }
+                }
+            }
+            let _ = buf.split_to(used);
+            if replies.is_empty() {
+                continue;
+            }
+            {
+                let mut state = self.lock();
+                if !state.is_current(generation) {
+                    return;
+                }
+                if state.waiting.len() < replies.len() {
+                    drop(state);
+                    let detail = "a reply nobody asked for";
+                    return self.down(generation, io::ErrorKind::InvalidData, detail);
+                }
+                answered.extend(state.waiting.drain(..replies.len()));
+            }
+            // Answered outside the lock: each send wakes a caller.
+            for (reply, value) in answered.drain(..).zip(replies.drain(..)) {
+                let _ = reply.send(Ok(value));
+            }
+        }
+    }
+
+    /// Connection `generation` failed: every call on it fails, and the next
+    /// call reconnects.
+    fn down(&self, generation: u64, kind: io::ErrorKind, detail: &str) {
+        let mut state = self.lock();
+        if !state.is_current(generation) {
+            return;
+        }
+        if let Link::Up(session) = std::mem::replace(&mut state.link, Link::Down) {
+            session.tasks.iter().for_each(AbortHandle::abort);
+        }
+        tracing::warn!(addr = %self.info.addr(), error = detail, "redis connection lost");
+        state.last_error = detail.to_owned();
+        fail_all(&mut state, kind, detail);
+    }
+}
+
+impl State {
+    fn is_current(&self, generation: u64) -> bool {
+        matches!(&self.link, Link::Up(session) if session.generation == generation)
+    }
+}
+
+/// Fails every queued and unanswered call.
+fn fail_all(state: &mut State, kind: io::ErrorKind, detail: &str) {
+    state.out.clear();
+    for reply in state.waiting.drain(..) {
+        let _ = reply.send(Err(io_error(kind, detail)));
+    }
+}
+
+fn io_error(kind: io::ErrorKind, detail: &str) -> redis::RedisError {
+    io::Error::new(kind, detail.to_owned()).into()
+}
+
+fn dropped() -> redis::RedisError {
+    io_error(io::ErrorKind::BrokenPipe, "the connection dropped the call")
+}
+
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+/// Connects and authenticates (AUTH, SELECT), within the default call timeout.
+async fn establish(info: &redis::ConnectionInfo) -> io::Result<Stream> {
+    match tokio::time::timeout(DEFAULT_CALL_TIMEOUT, open(info)).await {
+        Ok(result) => result,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("connect to {} timed out", info.addr()),
+        )),
+    }
+}
+
+async fn open(info: &redis::ConnectionInfo) -> io::Result<Stream> {
+    let mut stream = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => {
+            let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(true)?;
+            Stream::Tcp(stream)
+        }
+        ConnectionAddr::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
+        other => {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("Pipe does not connect to {other}"),
+            ))
+        }
+    };
+    let settings = info.redis_settings();
+    let mut setup = Vec::new();
+    let mut replies = 0;
+    if let Some(password) = settings.password() {
+        let mut auth = redis::cmd("AUTH");
+        if let Some(username) = settings.username() {
+            auth.arg(username);
+        }
+        auth.arg(password).write_packed_command(&mut setup);
+        replies += 1;
+    }
+    if settings.db() != 0 {
+        redis::cmd("SELECT")
+            .arg(settings.db())
+            .write_packed_command(&mut setup);
+        replies += 1;
+    }
+    match &mut stream {
+        Stream::Tcp(s) => handshake(s, &setup, replies).await?,
+        Stream::Unix(s) => handshake(s, &setup, replies).await?,
+    }
+    Ok(stream)
+}
+
+/// Writes the setup commands and checks that each answered OK.
+async fn handshake<S>(stream: &mut S, setup: &[u8], mut replies: usize) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if replies == 0 {
+        return Ok(());
+    }
+    stream.write_all(setup).await?;
+    let mut buf = bytes::BytesMut::with_capacity(512);
+    while replies > 0 {
+        if stream.read_buf(&mut buf).await? == 0 {
+            let detail = "the server closed the connection during setup";
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, detail));
+        }
+        while replies > 0 {
+            let parsed = resp::parse(&buf)
+                .map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err.to_string()))?;
+            let Some((value, used)) = parsed else { break };
+            let _ = buf.split_to(used);
+            replies -= 1;
+            match value {
+                Value::Okay => {}
+                Value::ServerError(err) => {
+                    let detail = format!("connection setup refused: {err}");
+                    return Err(io::Error::new(io::ErrorKind::PermissionDenied, detail));
+                }
+                other => {
+                    let detail = format!("connection setup answered {other:?}");
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, detail));
+                }
+            }
+        }
+    }
+    Ok(())
+}
