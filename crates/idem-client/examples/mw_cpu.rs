@@ -2,16 +2,19 @@
 //! handler, called without HTTP, each request a task of its own (as a server
 //! runs it), against a real redis-server with the module. Prints the CPU time
 //! of all the process's threads per request: the middleware's own plus the
-//! handler's (`bare`: the handler alone; `ping`: plus one redis-rs round trip).
+//! handler's (`bare`: the handler alone).
 //!
-//! MW_MODE: bare, ping, new (a fresh key per request), replay (one key), or
-//! pieces (the fingerprint and its parts, in ns). Two references for what a
-//! round trip costs without redis-rs, each a PING plus the bare handler:
-//! floor (a minimal multiplexer: one socket, a writer and a reader task, no
-//! RESP parsing) and direct (each request on a socket of its own from a pool). MW_REQUESTS (20000),
-//! MW_CONCURRENCY (32), MW_THREADS (0: a current-thread runtime, which
-//! callgrind counts repeatably; else that many workers), MW_PACKED (1: the
-//! client asks for packed replays; 0: the four-field reply).
+//! MW_MODE: bare, new (a fresh key per request), replay (one key), pieces
+//! (the fingerprint and its parts, in ns), or a PING plus the bare handler
+//! through: ping (redis-rs' `ConnectionManager`), mplex (redis-rs'
+//! `MultiplexedConnection`), pipe (idem's `Pipe`), floor (a minimal
+//! multiplexer: one socket, a writer task that yields before each write as
+//! `Pipe` does, a reader task, no RESP parsing) or direct (each request on a
+//! socket of its own from a pool). MW_TRANSPORT (new and replay: pipe, the
+//! default, or manager), MW_REQUESTS (20000), MW_CONCURRENCY (32),
+//! MW_THREADS (0: a current-thread runtime, which callgrind counts
+//! repeatably; else that many workers), MW_PACKED (1: the client asks for
+//! packed replays; 0: the four-field reply).
 
 use std::time::Instant;
 
@@ -75,9 +78,8 @@ mod raw {
             tokio::spawn(async move {
                 let mut out = Vec::new();
                 while let Some(reply) = queued.recv().await {
-                    if std::env::var_os("MW_YIELD").is_some() {
-                        tokio::task::yield_now().await;
-                    }
+                    // Let every ready request queue its PING first, as `Pipe` does.
+                    tokio::task::yield_now().await;
                     out.extend_from_slice(PING);
                     sent.send(reply).unwrap();
                     while let Ok(reply) = queued.try_recv() {
@@ -270,6 +272,7 @@ fn main() {
             .get_multiplexed_async_connection()
             .await
             .unwrap();
+        let pipe = idem_client::Pipe::connect(&redis.client()).await.unwrap();
         let packed = std::env::var("MW_PACKED").map_or(true, |v| v != "0");
         let transport = match std::env::var("MW_TRANSPORT").as_deref() {
             Ok("manager") => idem_client::Transport::Manager,
@@ -296,6 +299,7 @@ fn main() {
         let run = |count: usize, offset: usize| {
             let manager = manager.clone();
             let mplex = mplex.clone();
+            let pipe = pipe.clone();
             let service = service.clone();
             let mode = mode.clone();
             let (mux, direct) = (mux.clone(), direct.clone());
@@ -312,11 +316,16 @@ fn main() {
                         let mode = mode.clone();
                         let mut manager = manager.clone();
                         let mut mplex = mplex.clone();
+                        let mut pipe = pipe.clone();
                         let (mux, direct) = (mux.clone(), direct.clone());
                         running.push(tokio::spawn(async move {
                             let (status, body) = match mode.as_str() {
-                                "ping" | "floor" | "direct" | "mplex" => {
+                                "ping" | "floor" | "direct" | "mplex" | "pipe" => {
                                     match mode.as_str() {
+                                        "pipe" => redis::cmd("PING")
+                                            .query_async::<()>(&mut pipe)
+                                            .await
+                                            .unwrap(),
                                         "floor" => mux.ping().await,
                                         "direct" => direct.ping().await,
                                         "mplex" => redis::cmd("PING")

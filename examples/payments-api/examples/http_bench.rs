@@ -8,7 +8,9 @@
 //!
 //! Settings (env): BENCH_SECONDS per variant and round (2), BENCH_ROUNDS (5),
 //! BENCH_CONCURRENCY (32), BENCH_VARIANTS (all of plain,layer,fence,
-//! read-through,fence-read-through,replay; a subset is for profiling). Besides the totals, the median over rounds of the
+//! read-through,fence-read-through,replay; a subset is for profiling),
+//! BENCH_TRANSPORT (how the layer reaches Redis: pipe, the default, or
+//! manager for redis-rs' `ConnectionManager`). Besides the totals, the median over rounds of the
 //! per-round throughput ratio is printed: it resists bursts of load from
 //! other processes on the machine. Needs redis-server, the built module and Postgres
 //! (DATABASE_URL or the local one), like the tests.
@@ -17,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_client::Transport;
 use idem_example_payments::{app, db, idempotency_layer, routes, serve, AppState};
 use idem_testkit::{PgDatabase, RedisConfig};
 use tokio::sync::oneshot;
@@ -153,14 +156,19 @@ async fn run(server: tokio::runtime::Handle) -> anyhow::Result<()> {
     let pool = db::pool(&database.url, 32)?;
     // Connections to Redis and Postgres drive their sockets in tasks spawned
     // where they are made: on the server runtime.
+    let transport = match std::env::var("BENCH_TRANSPORT").as_deref() {
+        Ok("manager") => Transport::Manager,
+        Ok("pipe") | Err(_) => Transport::Pipe,
+        Ok(other) => anyhow::bail!("BENCH_TRANSPORT={other}: pipe or manager"),
+    };
     let (layer, layer_read_through) = {
         let (pool, redis_url) = (pool.clone(), redis_url.clone());
         server
             .spawn(async move {
                 db::migrate(&pool).await?;
                 anyhow::Ok((
-                    idempotency_layer(&redis_url, None).await?,
-                    idempotency_layer(&redis_url, Some(pool)).await?,
+                    idempotency_layer(&redis_url, None, transport).await?,
+                    idempotency_layer(&redis_url, Some(pool), transport).await?,
                 ))
             })
             .await??

@@ -17,8 +17,8 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
 use deadpool_postgres::Pool;
-use idem_client::StandaloneConnection;
 use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
+use idem_client::{StandaloneConnection, Transport};
 
 pub use config::Settings;
 
@@ -69,13 +69,15 @@ pub fn app(state: AppState, layer: IdempotencyLayer<StandaloneConnection>) -> Ro
 
 /// The layer as the example configures it: keys scoped by `X-Account-Id`,
 /// JSON bodies canonicalized, read-through from the mirror when `read_through`
-/// is given.
+/// is given, Redis reached through `transport` (`Transport::Auto` but in
+/// benchmarks).
 pub async fn idempotency_layer(
     redis_url: &str,
     read_through: Option<Pool>,
+    transport: Transport,
 ) -> anyhow::Result<IdempotencyLayer<StandaloneConnection>> {
     let redis = redis::Client::open(redis_url).context("invalid REDIS_URL")?;
-    let client = IdemClient::standalone(redis)
+    let client = IdemClient::standalone_with(redis, transport)
         .await
         .context("connect to Redis")?;
     let mut layer = IdempotencyLayer::new(client).tenant_header(ACCOUNT_HEADER);

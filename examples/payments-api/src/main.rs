@@ -1,6 +1,7 @@
 //! `payments-api`: the example service on 127.0.0.1:$PORT (see `Settings`).
 
 use anyhow::Context;
+use idem_client::Transport;
 use idem_example_payments::{app, db, idempotency_layer, serve, AppState, Settings};
 use tracing_subscriber::EnvFilter;
 
@@ -18,7 +19,7 @@ async fn main() -> anyhow::Result<()> {
     let pool = db::pool(&settings.database_url, settings.pool_size)?;
     db::migrate(&pool).await?;
     let read_through = settings.read_through.then(|| pool.clone());
-    let mut layer = idempotency_layer(&settings.redis_url, read_through)
+    let mut layer = idempotency_layer(&settings.redis_url, read_through, Transport::Auto)
         .await?
         .lease(settings.lease);
     if let Some(wait) = settings.wait {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use axum::extract::Request;
 use axum::middleware::{from_fn, Next};
 use deadpool_postgres::Pool;
+use idem_client::Transport;
 use idem_example_payments::{db, idempotency_layer, routes, serve, AppState, ACCOUNT_HEADER};
 use idem_testkit::{PgDatabase, RedisConfig, RedisServer};
 use serde_json::{json, Value};
@@ -55,7 +56,7 @@ impl TestApp {
                 .expect("mirror migration");
         }
         let read_through = options.read_through.then(|| pool.clone());
-        let mut layer = idempotency_layer(&redis.url(), read_through)
+        let mut layer = idempotency_layer(&redis.url(), read_through, Transport::Auto)
             .await
             .expect("layer");
         if let Some(wait) = options.wait {
