@@ -70,17 +70,16 @@ async fn every_caller_gets_its_own_reply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_abandoned_on_a_stalled_server_do_not_shift_later_replies() {
     let server = RedisServer::start();
-    let client = IdemClient::standalone_with(server.client(), Transport::Pipe)
-        .await
-        .unwrap()
-        .with_call_timeout(Duration::from_millis(200));
-    let StandaloneConnection::Pipe(pipe) =
-        StandaloneConnection::connect(&server.client(), Transport::Auto)
+    let pipe = pipe(&server).await;
+    let mut conn = pipe.clone();
+    for i in 0..50 {
+        let () = redis::cmd("SET")
+            .arg(format!("k:{i}"))
+            .arg(i)
+            .query_async(&mut conn)
             .await
-            .unwrap()
-    else {
-        panic!("a plain TCP address gets a Pipe");
-    };
+            .unwrap();
+    }
     let mut sleeper = server.async_conn().await;
     let sleep = tokio::spawn(async move {
         redis::cmd("DEBUG")
@@ -90,57 +89,47 @@ async fn calls_abandoned_on_a_stalled_server_do_not_shift_later_replies() {
             .await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    // Calls queued behind the stall time out; their replies come later.
+    // Calls queued behind the stall are given up by their callers; their
+    // replies come later, to nobody.
+    let started = Instant::now();
     let mut abandoned = Vec::new();
     for i in 0..50 {
-        let client = client.clone();
-        abandoned.push(tokio::spawn(async move {
-            client.abort(&format!("idem:stalled:{i}"), 1).await
-        }));
         let mut conn = pipe.clone();
         abandoned.push(tokio::spawn(async move {
-            redis::cmd("SET")
-                .arg(format!("stalled:{i}"))
-                .arg(i)
-                .query_async::<()>(&mut conn)
-                .await
-                .map(|()| true)
-                .map_err(IdemError::from)
+            let cmd = redis::cmd("GET").arg(format!("k:{i}")).clone();
+            tokio::time::timeout(
+                Duration::from_millis(200),
+                cmd.query_async::<i64>(&mut conn),
+            )
+            .await
         }));
     }
-    let started = Instant::now();
-    for task in abandoned.drain(..50) {
-        let result = tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("a call on a stalled server returns by its timeout")
-            .unwrap();
-        if let Err(err) = result {
-            assert!(err.is_unavailable(), "{err}");
-        }
-    }
-    assert!(started.elapsed() < Duration::from_secs(2));
-    sleep.await.unwrap().unwrap();
     for task in abandoned {
-        let _ = task.await.unwrap();
+        assert!(
+            task.await.unwrap().is_err(),
+            "the call was answered during the stall"
+        );
     }
-    // Every later call gets its own reply, not one meant for an abandoned call.
-    let mut conn = pipe.clone();
-    for i in 0..200 {
-        let key = format!("after:{i}");
-        let () = redis::cmd("SET")
-            .arg(&key)
-            .arg(i)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let got: i64 = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(got, i);
-        assert!(!client.abort(&format!("idem:after:{i}"), 7).await.unwrap());
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // Asked while the abandoned replies are still on their way: each call
+    // gets its own reply, not one meant for an abandoned call.
+    let mut later = Vec::new();
+    for j in 0..50 {
+        let mut conn = pipe.clone();
+        later.push(tokio::spawn(async move {
+            let i = (j + 7) % 50;
+            let got: i64 = redis::cmd("GET")
+                .arg(format!("k:{i}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(got, i);
+        }));
     }
+    for task in later {
+        task.await.unwrap();
+    }
+    sleep.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,6 +187,151 @@ async fn a_killed_server_fails_calls_at_once_and_the_pipe_reconnects() {
             }
         }
     }
+}
+
+#[tokio::test]
+async fn a_server_refusing_the_connection_is_unavailable_not_an_answer() {
+    let server = RedisServer::start();
+    let mut admin = server.async_conn().await;
+    let pipe = pipe(&server).await;
+    let mut conn = pipe.clone();
+    // The admin connection fills the server; the pipe's is killed, so its
+    // reconnect is refused with `-ERR max number of clients reached`.
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(1)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg(vec!["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < deadline {
+        let err = redis::cmd("SET")
+            .arg("refused")
+            .arg(1)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap_err();
+        assert!(
+            IdemError::from(err).is_unavailable(),
+            "a refusal taken as the command's answer"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let err = Pipe::connect(&server.client()).await.unwrap_err();
+    assert!(err.to_string().contains("max number of clients"), "{err}");
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(100)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while redis::cmd("PING")
+        .query_async::<String>(&mut conn)
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no reconnect once the server accepts"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_is_given_up_after_ten_seconds() {
+    let server = RedisServer::start();
+    let mut conn = pipe(&server).await;
+    let mut sleeper = server.async_conn().await;
+    let sleep = tokio::spawn(async move {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("13")
+            .query_async::<()>(&mut sleeper)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // No timeout of the caller's own: the connection gives the call up.
+    let started = Instant::now();
+    let err = redis::cmd("PING")
+        .query_async::<String>(&mut conn)
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(IdemError::from(err).is_unavailable());
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(12),
+        "given up after {took:?}"
+    );
+    sleep.await.unwrap().unwrap();
+    let pong: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    assert_eq!(pong, "PONG");
+}
+
+#[test]
+fn a_pipe_outlives_the_runtime_it_was_made_on() {
+    let server = RedisServer::start();
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pipe = first.block_on(Pipe::connect(&server.client())).unwrap();
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async move {
+        let mut conn = pipe.clone();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let cmd = redis::cmd("PING");
+            match tokio::time::timeout(Duration::from_secs(1), cmd.query_async::<String>(&mut conn))
+                .await
+            {
+                Ok(Ok(pong)) => break assert_eq!(pong, "PONG"),
+                Ok(Err(err)) => assert!(IdemError::from(err).is_unavailable()),
+                Err(_) => panic!("a call on a pipe whose runtime is gone hangs"),
+            }
+            assert!(Instant::now() < deadline, "no reconnect on the new runtime");
+        }
+    });
+}
+
+#[tokio::test]
+async fn a_large_reply_read_in_many_pieces_is_read_once() {
+    let server = RedisServer::start();
+    let mut conn = pipe(&server).await;
+    let () = redis::cmd("EVAL")
+        .arg("for i = 1, 1000000 do redis.call('RPUSH', KEYS[1], i) end")
+        .arg(1)
+        .arg("big")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let items: Vec<i64> = redis::cmd("LRANGE")
+        .arg("big")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(items.len(), 1_000_000);
+    assert!(items.iter().zip(1..).all(|(&got, want)| got == want));
+    assert!(
+        took < Duration::from_secs(5),
+        "a 1M-element reply took {took:?}"
+    );
 }
 
 #[tokio::test]
@@ -276,9 +410,12 @@ async fn a_unix_socket_works_and_resp3_is_left_to_redis_rs() {
         .server_arg("unixsocket", socket.to_str().unwrap())
         .start();
     let url = format!("redis+unix://{}", socket.display());
-    let client = IdemClient::standalone(redis::Client::open(url).unwrap())
+    let unix = redis::Client::open(url).unwrap();
+    let conn = StandaloneConnection::connect(&unix, Transport::Auto)
         .await
         .unwrap();
+    assert!(matches!(conn, StandaloneConnection::Pipe(_)));
+    let client = IdemClient::new(conn);
     assert!(!client.abort("idem:unix", 1).await.unwrap());
     drop(server);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -299,7 +436,7 @@ async fn a_unix_socket_works_and_resp3_is_left_to_redis_rs() {
 
 #[tokio::test]
 async fn bytes_that_are_not_resp_close_the_connection() {
-    // A "server" that answers every command with garbage.
+    // A "server" that answers the connection's PING, then garbage.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -307,10 +444,12 @@ async fn bytes_that_are_not_resp_close_the_connection() {
         while let Ok((mut socket, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let mut buf = [0u8; 1024];
+                let mut reply: &[u8] = b"+PONG\r\n";
                 while let Ok(n) = socket.read(&mut buf).await {
-                    if n == 0 || socket.write_all(b"?garbage\r\n").await.is_err() {
+                    if n == 0 || socket.write_all(reply).await.is_err() {
                         return;
                     }
+                    reply = b"?garbage\r\n";
                 }
             });
         }

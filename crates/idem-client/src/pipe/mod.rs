@@ -9,10 +9,13 @@
 //! reads through a generic codec; the difference measured per round trip is
 //! in the README ("Middleware CPU per request").
 //!
-//! A broken connection fails every call waiting on it (an I/O error, which
-//! the client treats as "unavailable") and the next call reconnects; a
-//! connect that fails is not tried again for a short, growing delay, during
-//! which calls fail at once.
+//! A broken connection (or one with calls unanswered for `STALL`) fails
+//! every call waiting on it (an I/O error, which the client treats as
+//! "unavailable") and the next call reconnects; a connect that fails is not
+//! tried again for a short, growing delay, during which calls fail at once.
+//! Every connect ends with a PING, so a server refusing the connection
+//! (max clients, protected mode) fails the connect instead of answering a
+//! caller.
 
 mod resp;
 
@@ -30,9 +33,11 @@ use tokio::time::Instant;
 
 use crate::call::DEFAULT_CALL_TIMEOUT;
 
-/// Calls queued on one connection at most; more fail at once (the node is
-/// not keeping up, or not answering at all).
+/// Calls, and bytes of commands not yet written, queued on one connection
+/// at most; more fail at once (the node is not keeping up, or not answering
+/// at all).
 const MAX_QUEUED: usize = 1 << 16;
+const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 /// First and longest wait before another connect after one failed.
 const RETRY_FIRST: Duration = Duration::from_millis(10);
 const RETRY_MAX: Duration = Duration::from_secs(1);
@@ -40,6 +45,10 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 const READ_CHUNK: usize = 64 * 1024;
 /// A write buffer larger than this is not kept for reuse.
 const KEEP_BUFFER: usize = 1024 * 1024;
+/// With calls written and unanswered, this long without a byte from the
+/// server takes the connection down (a peer gone without a reset leaves a
+/// socket that would wait for ever); no IDEM.* command runs for so long.
+const STALL: Duration = Duration::from_secs(10);
 
 type Reply = oneshot::Sender<RedisResult<Value>>;
 
@@ -68,6 +77,11 @@ struct Shared {
 struct State {
     /// Commands not yet handed to the writer, in the order of `waiting`.
     out: Vec<u8>,
+    /// How many commands `out` holds.
+    queued: usize,
+    /// Commands handed to the writer and not answered yet: a reply beyond
+    /// them is one nobody asked for.
+    written: usize,
     /// One entry per command written or queued, oldest first: replies come
     /// back in this order.
     waiting: VecDeque<Reply>,
@@ -127,6 +141,8 @@ impl Pipe {
             info,
             state: Mutex::new(State {
                 out: Vec::new(),
+                queued: 0,
+                written: 0,
                 waiting: VecDeque::new(),
                 link: Link::Connecting,
                 retry_at: None,
@@ -176,12 +192,15 @@ impl Pipe {
                     let detail = format!("reconnecting after: {}", state.last_error);
                     return Err(io_error(io::ErrorKind::ConnectionRefused, &detail));
                 }
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    let detail = "reconnecting needs a Tokio runtime";
+                    return Err(io_error(io::ErrorKind::NotConnected, detail));
+                };
                 state.link = Link::Connecting;
-                let shared = self.shared.clone();
-                tokio::spawn(async move { shared.reconnect().await });
+                runtime.spawn(self.shared.clone().reconnect());
             }
         }
-        if state.waiting.len() + count > MAX_QUEUED {
+        if state.waiting.len() + count > MAX_QUEUED || state.out.len() > MAX_QUEUED_BYTES {
             return Err(io_error(
                 io::ErrorKind::WouldBlock,
                 "too many calls queued on the connection",
@@ -189,6 +208,7 @@ impl Pipe {
         }
         let was_empty = state.out.is_empty();
         write(&mut state.out);
+        state.queued += count;
         for _ in 0..count {
             let (tx, rx) = oneshot::channel();
             state.waiting.push_back(tx);
@@ -254,20 +274,29 @@ impl Shared {
 
     /// A connect after the link went down, started by a call.
     async fn reconnect(self: Arc<Self>) {
-        match establish(&self.info).await {
+        // Dropped before it finished (its runtime shut down), it leaves the
+        // link down, not connecting for ever.
+        let mut guard = ConnectGuard(Some(self.clone()));
+        let result = establish(&self.info).await;
+        guard.0 = None;
+        match result {
             Ok(stream) => self.up(stream),
-            Err(err) => {
-                let mut state = self.lock();
-                if !matches!(state.link, Link::Connecting) {
-                    return;
-                }
-                state.link = Link::Down;
-                state.retry_at = Some(Instant::now() + state.retry_delay);
-                state.retry_delay = (state.retry_delay * 2).min(RETRY_MAX);
-                state.last_error = err.to_string();
-                fail_all(&mut state, err.kind(), &err.to_string());
-            }
+            Err(err) => self.connect_failed(io::ErrorKind::ConnectionRefused, &err.to_string()),
         }
+    }
+
+    /// A connect failed: the calls queued for it fail, and none is tried
+    /// again before a delay that doubles with each failure.
+    fn connect_failed(&self, kind: io::ErrorKind, detail: &str) {
+        let mut state = self.lock();
+        if !matches!(state.link, Link::Connecting) {
+            return;
+        }
+        state.link = Link::Down;
+        state.retry_at = Some(Instant::now() + state.retry_delay);
+        state.retry_delay = (state.retry_delay * 2).min(RETRY_MAX);
+        state.last_error = detail.to_owned();
+        fail_all(&mut state, kind, detail);
     }
 
     /// A fresh connection goes live: its writer and reader start, and what
@@ -313,17 +342,22 @@ impl Shared {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let writer = tokio::spawn(self.clone().write(generation, wake_writer.clone(), wr));
-        let reader = tokio::spawn(self.clone().read(generation, rd));
+        // The guards go in as arguments: a task dropped before its first
+        // poll drops them too.
+        let guard = || TaskGuard(self.clone(), generation);
+        let writer = self.clone().write(guard(), wake_writer.clone(), wr);
+        let reader = self.clone().read(guard(), rd);
+        let (writer, reader) = (tokio::spawn(writer), tokio::spawn(reader));
         [writer.abort_handle(), reader.abort_handle()]
     }
 
     async fn write<W: AsyncWrite + Unpin>(
         self: Arc<Self>,
-        generation: u64,
+        guard: TaskGuard,
         wake: Arc<Notify>,
         mut wr: W,
     ) {
+        let generation = guard.1;
         let mut batch = Vec::new();
         loop {
             wake.notified().await;
@@ -335,6 +369,7 @@ impl Shared {
                     return;
                 }
                 std::mem::swap(&mut state.out, &mut batch);
+                state.written += std::mem::take(&mut state.queued);
             }
             if batch.is_empty() {
                 continue;
@@ -350,7 +385,9 @@ impl Shared {
         }
     }
 
-    async fn read<R: AsyncRead + Unpin>(self: Arc<Self>, generation: u64, mut rd: R) {
+    async fn read<R: AsyncRead + Unpin>(self: Arc<Self>, guard: TaskGuard, mut rd: R) {
+        let generation = guard.1;
+        let mut parser = resp::Parser::default();
         let mut buf = bytes::BytesMut::with_capacity(READ_CHUNK);
         let mut replies = Vec::new();
         let mut answered = Vec::new();
@@ -358,7 +395,15 @@ impl Shared {
             if buf.capacity() - buf.len() < READ_CHUNK / 4 {
                 buf.reserve(READ_CHUNK);
             }
-            match rd.read_buf(&mut buf).await {
+            let read = match tokio::time::timeout(STALL, rd.read_buf(&mut buf)).await {
+                Ok(read) => read,
+                Err(_) if self.lock().written == 0 => continue, // idle
+                Err(_) => {
+                    let detail = format!("no reply for {STALL:?} to calls written");
+                    return self.down(generation, io::ErrorKind::TimedOut, &detail);
+                }
+            };
+            match read {
                 Ok(0) => {
                     let detail = "the server closed the connection";
                     return self.down(generation, io::ErrorKind::UnexpectedEof, detail);
@@ -370,11 +415,8 @@ impl Shared {
             }
             let mut used = 0;
             loop {
-                match resp::parse(&buf[used..]) {
-                    Ok(Some((value, len))) => {
-                        used += len;
-                        replies.push(value);
-                    }
+                match parser.next(&buf, &mut used) {
+                    Ok(Some(value)) => replies.push(value),
                     Ok(None) => break,
                     Err(err) => {
                         let detail = err.to_string();
@@ -391,11 +433,12 @@ impl Shared {
                 if !state.is_current(generation) {
                     return;
                 }
-                if state.waiting.len() < replies.len() {
+                if state.written < replies.len() {
                     drop(state);
                     let detail = "a reply nobody asked for";
                     return self.down(generation, io::ErrorKind::InvalidData, detail);
                 }
+                state.written -= replies.len();
                 answered.extend(state.waiting.drain(..replies.len()));
             }
             // Answered outside the lock: each send wakes a caller.
@@ -430,6 +473,8 @@ impl State {
 /// Fails every queued and unanswered call.
 fn fail_all(state: &mut State, kind: io::ErrorKind, detail: &str) {
     state.out.clear();
+    state.queued = 0;
+    state.written = 0;
     for reply in state.waiting.drain(..) {
         let _ = reply.send(Err(io_error(kind, detail)));
     }
@@ -441,6 +486,32 @@ fn io_error(kind: io::ErrorKind, detail: &str) -> redis::RedisError {
 
 fn dropped() -> redis::RedisError {
     io_error(io::ErrorKind::BrokenPipe, "the connection dropped the call")
+}
+
+/// Takes connection `generation` down when its task ends for any reason
+/// (its runtime shut down, too): its calls fail instead of waiting for ever.
+struct TaskGuard(Arc<Shared>, u64);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.down(
+            self.1,
+            io::ErrorKind::BrokenPipe,
+            "the connection's task stopped",
+        );
+    }
+}
+
+/// Fails a connect whose task was dropped before it finished (`None` once
+/// it did).
+struct ConnectGuard(Option<Arc<Shared>>);
+
+impl Drop for ConnectGuard {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.0 {
+            shared.connect_failed(io::ErrorKind::NotConnected, "the connect's task stopped");
+        }
+    }
 }
 
 enum Stream {
@@ -491,6 +562,10 @@ async fn open(info: &redis::ConnectionInfo) -> io::Result<Stream> {
             .write_packed_command(&mut setup);
         replies += 1;
     }
+    // Always one round trip: a server that refuses the connection (max
+    // clients, protected mode) says so before the connection counts as up.
+    redis::cmd("PING").write_packed_command(&mut setup);
+    replies += 1;
     match &mut stream {
         Stream::Tcp(s) => handshake(s, &setup, replies).await?,
         Stream::Unix(s) => handshake(s, &setup, replies).await?,
@@ -498,14 +573,11 @@ async fn open(info: &redis::ConnectionInfo) -> io::Result<Stream> {
     Ok(stream)
 }
 
-/// Writes the setup commands and checks that each answered OK.
+/// Writes the setup commands and checks that each answered OK (PONG).
 async fn handshake<S>(stream: &mut S, setup: &[u8], mut replies: usize) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    if replies == 0 {
-        return Ok(());
-    }
     stream.write_all(setup).await?;
     let mut buf = bytes::BytesMut::with_capacity(512);
     while replies > 0 {
@@ -521,6 +593,7 @@ where
             replies -= 1;
             match value {
                 Value::Okay => {}
+                Value::SimpleString(pong) if pong == "PONG" && replies == 0 => {}
                 Value::ServerError(err) => {
                     let detail = format!("connection setup refused: {err}");
                     return Err(io::Error::new(io::ErrorKind::PermissionDenied, detail));

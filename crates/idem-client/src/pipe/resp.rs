@@ -9,10 +9,10 @@ use redis::Value;
 
 /// Longest bulk string accepted (Redis' own `proto-max-bulk-len` default).
 const MAX_BULK: usize = 512 * 1024 * 1024;
-/// Most elements in one array (each costs a `Value` before it is read).
-const MAX_ARRAY: usize = 1 << 24;
-/// Deepest nesting of arrays.
-const MAX_DEPTH: usize = 16;
+/// Deepest nesting of arrays (redis-rs' own limit).
+const MAX_DEPTH: usize = 100;
+/// Elements reserved ahead for one array; more grow the vector as they come.
+const RESERVE_ITEMS: usize = 1024;
 
 /// Bytes that are not a RESP2 reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,114 +24,151 @@ impl std::fmt::Display for ProtocolError {
     }
 }
 
-/// The first whole reply in `buf` and how many bytes it took; `None` when
-/// `buf` holds only part of it.
-pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
-    let mut at = 0;
-    match value(buf, &mut at, 0)? {
-        Some(value) => Ok(Some((value, at))),
-        None => Ok(None),
+/// Reads replies one element at a time and keeps the arrays it is inside,
+/// so a reply that arrives in many reads is read once, not again from its
+/// start on every read.
+#[derive(Default)]
+pub(crate) struct Parser {
+    /// Arrays begun and not yet whole: how many elements each still needs.
+    open: Vec<(usize, Vec<Value>)>,
+}
+
+impl Parser {
+    /// The next whole reply from `buf[*at..]`, advancing `*at` past every
+    /// element read (also those of a reply still partial: the parser keeps
+    /// them); `None` when `buf` ends first.
+    pub(crate) fn next(
+        &mut self,
+        buf: &[u8],
+        at: &mut usize,
+    ) -> Result<Option<Value>, ProtocolError> {
+        loop {
+            let Some((element, len)) = element(&buf[*at..])? else {
+                return Ok(None);
+            };
+            *at += len;
+            let mut value = match element {
+                Element::Value(value) => value,
+                Element::Array(0) => Value::Array(Vec::new()),
+                Element::Array(items) => {
+                    if self.open.len() == MAX_DEPTH {
+                        return Err(ProtocolError(format!(
+                            "arrays nested over {MAX_DEPTH} deep"
+                        )));
+                    }
+                    let reserve = items.min(RESERVE_ITEMS);
+                    self.open.push((items, Vec::with_capacity(reserve)));
+                    continue;
+                }
+            };
+            // Close every array this element completes.
+            loop {
+                let Some((needed, items)) = self.open.last_mut() else {
+                    return Ok(Some(value));
+                };
+                items.push(value);
+                *needed -= 1;
+                if *needed > 0 {
+                    break;
+                }
+                let (_, items) = self.open.pop().expect("an open array");
+                value = Value::Array(items);
+            }
+        }
     }
 }
 
-fn value(buf: &[u8], at: &mut usize, depth: usize) -> Result<Option<Value>, ProtocolError> {
-    let Some(kind) = buf.get(*at).copied() else {
+/// The first whole reply in `buf` and how many bytes it took, `None` when
+/// `buf` holds only part of it (tests and the connection setup).
+pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Value, usize)>, ProtocolError> {
+    let mut at = 0;
+    Ok(Parser::default()
+        .next(buf, &mut at)?
+        .map(|value| (value, at)))
+}
+
+enum Element {
+    Value(Value),
+    /// An array header: this many elements follow.
+    Array(usize),
+}
+
+/// One scalar or array header at the start of `buf`, and its length.
+fn element(buf: &[u8]) -> Result<Option<(Element, usize)>, ProtocolError> {
+    let Some(&kind) = buf.first() else {
         return Ok(None);
     };
-    let start = *at;
-    let Some(line) = line(buf, *at + 1)? else {
+    let Some(line) = line(&buf[1..]) else {
         return Ok(None);
     };
-    let after_line = *at + 1 + line.len() + 2;
-    match kind {
+    let after = 1 + line.len() + 2;
+    let value = match kind {
         b'+' => {
-            *at = after_line;
             let text = std::str::from_utf8(line)
                 .map_err(|_| ProtocolError("a simple string is not UTF-8".into()))?;
-            Ok(Some(if text == "OK" {
+            if text == "OK" {
                 Value::Okay
             } else {
                 Value::SimpleString(text.to_owned())
-            }))
-        }
-        b'-' => {
-            *at = after_line;
-            // Errors are rare: redis-rs' parser makes the `ServerError`, so
-            // its kinds and codes are exactly redis-rs' own.
-            redis::parse_redis_value(&buf[start..after_line])
-                .map(Some)
-                .map_err(|e| ProtocolError(format!("error reply: {e}")))
-        }
-        b':' => {
-            *at = after_line;
-            Ok(Some(Value::Int(integer(line)?)))
-        }
-        b'$' => {
-            let len = integer(line)?;
-            if len == -1 {
-                *at = after_line;
-                return Ok(Some(Value::Nil));
             }
-            let len = length(len, MAX_BULK, "bulk string")?;
-            let end = after_line + len;
+        }
+        // Errors are rare: redis-rs' parser makes the `ServerError`, so its
+        // kinds and codes are exactly redis-rs' own.
+        b'-' => redis::parse_redis_value(&buf[..after])
+            .map_err(|e| ProtocolError(format!("error reply: {e}")))?,
+        b':' => Value::Int(integer(line)?),
+        b'$' => {
+            // As redis-rs: any negative length is a nil.
+            let Ok(len) = usize::try_from(integer(line)?) else {
+                return Ok(Some((Element::Value(Value::Nil), after)));
+            };
+            if len > MAX_BULK {
+                return Err(ProtocolError(format!(
+                    "bulk string length {len} out of range"
+                )));
+            }
+            let end = after + len;
             if buf.len() < end + 2 {
                 return Ok(None);
             }
             if &buf[end..end + 2] != b"\r\n" {
                 return Err(ProtocolError("a bulk string does not end in CRLF".into()));
             }
-            *at = end + 2;
-            Ok(Some(Value::BulkString(buf[after_line..end].to_vec())))
+            return Ok(Some((
+                Element::Value(Value::BulkString(buf[after..end].to_vec())),
+                end + 2,
+            )));
         }
         b'*' => {
-            let len = integer(line)?;
-            if len == -1 {
-                *at = after_line;
-                return Ok(Some(Value::Nil));
-            }
-            let len = length(len, MAX_ARRAY, "array")?;
-            if depth == MAX_DEPTH {
-                return Err(ProtocolError(format!(
-                    "arrays nested over {MAX_DEPTH} deep"
-                )));
-            }
-            let mut next = after_line;
-            // Each element takes at least 3 bytes: reserve no more than the
-            // buffer could hold, so a hostile length allocates nothing.
-            let mut items = Vec::with_capacity(len.min((buf.len() - next) / 3 + 1));
-            for _ in 0..len {
-                match value(buf, &mut next, depth + 1)? {
-                    Some(item) => items.push(item),
-                    None => return Ok(None),
-                }
-            }
-            *at = next;
-            Ok(Some(Value::Array(items)))
+            let element = match usize::try_from(integer(line)?) {
+                Ok(items) => Element::Array(items),
+                Err(_) => Element::Value(Value::Nil),
+            };
+            return Ok(Some((element, after)));
         }
-        other => Err(ProtocolError(format!("unknown type byte 0x{other:02x}"))),
+        other => return Err(ProtocolError(format!("unknown type byte 0x{other:02x}"))),
+    };
+    Ok(Some((Element::Value(value), after)))
+}
+
+/// The bytes up to the first CRLF, or `None` if none is there yet.
+fn line(buf: &[u8]) -> Option<&[u8]> {
+    let mut from = 0;
+    loop {
+        let cr = from + buf[from..].iter().position(|&b| b == b'\r')?;
+        match buf.get(cr + 1) {
+            Some(b'\n') => return Some(&buf[..cr]),
+            Some(_) => from = cr + 1,
+            None => return None,
+        }
     }
 }
 
-/// The bytes from `from` up to the next CRLF, or `None` if none is there
-/// yet. RESP2 lines hold no CR of their own.
-fn line(buf: &[u8], from: usize) -> Result<Option<&[u8]>, ProtocolError> {
-    let Some(rest) = buf.get(from..) else {
-        return Ok(None);
-    };
-    let Some(cr) = rest.iter().position(|&b| b == b'\r') else {
-        return Ok(None);
-    };
-    match rest.get(cr + 1) {
-        Some(b'\n') => Ok(Some(&rest[..cr])),
-        Some(_) => Err(ProtocolError("a CR without LF in a line".into())),
-        None => Ok(None),
-    }
-}
-
+/// An integer line, spaces around it ignored as redis-rs does.
 fn integer(line: &[u8]) -> Result<i64, ProtocolError> {
     std::str::from_utf8(line)
         .ok()
-        .and_then(|text| text.parse().ok())
+        .and_then(|text| text.trim().parse().ok())
         .ok_or_else(|| {
             ProtocolError(format!(
                 "{:?} is not an integer",
@@ -140,16 +177,32 @@ fn integer(line: &[u8]) -> Result<i64, ProtocolError> {
         })
 }
 
-fn length(len: i64, max: usize, what: &str) -> Result<usize, ProtocolError> {
-    usize::try_from(len)
-        .ok()
-        .filter(|&len| len <= max)
-        .ok_or_else(|| ProtocolError(format!("{what} length {len} out of range")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_read_in_pieces_is_read_once() {
+        let mut reply = b"*3\r\n".to_vec();
+        for i in 0..3 {
+            reply.extend_from_slice(format!("*2\r\n:{i}\r\n$3\r\nab{i}\r\n").as_bytes());
+        }
+        reply.extend_from_slice(b"+OK\r\n");
+        let whole = redis::parse_redis_value(&reply).unwrap();
+        // Fed a byte at a time, as a reader keeping what is unconsumed.
+        let mut parser = Parser::default();
+        let (mut buf, mut got) = (Vec::new(), Vec::new());
+        for &byte in &reply {
+            buf.push(byte);
+            let mut at = 0;
+            while let Some(value) = parser.next(&buf, &mut at).unwrap() {
+                got.push(value);
+            }
+            buf.drain(..at);
+        }
+        assert_eq!(got, vec![whole, Value::Okay]);
+        assert!(buf.is_empty());
+    }
 
     fn whole(bytes: &[u8]) -> Value {
         let (value, used) = parse(bytes).unwrap().expect("a whole reply");
@@ -173,6 +226,10 @@ mod tests {
             b"*0\r\n",
             b"*3\r\n:1\r\n$3\r\na\rb\r\n*2\r\n+x\r\n$-1\r\n",
             b"$4\r\n\r\n\r\n\r\n",
+            b"$-2\r\n",
+            b"*-3\r\n",
+            b": 5\r\n",
+            b"+a\rb\r\n",
         ];
         for bytes in cases {
             let ours = whole(bytes);
@@ -199,17 +256,14 @@ mod tests {
             &b"?\r\n"[..],
             b":12x\r\n",
             b"$3\r\nabcd\r\n",
-            b"$-2\r\n",
-            b"*-5\r\n",
             b"$999999999999\r\n",
             b"+\xff\r\n",
-            b"+a\rb\r\n",
         ] {
             assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
         let deep = b"*1\r\n".repeat(MAX_DEPTH + 1);
         assert!(parse(&deep).is_err());
-        // A huge announced array allocates nothing before its items arrive.
+        // A huge announced array reserves little before its items arrive.
         assert_eq!(parse(b"*16000000\r\n").unwrap(), None);
     }
 }
