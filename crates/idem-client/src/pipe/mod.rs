@@ -176,13 +176,13 @@ impl Pipe {
     }
 
     /// Queues `count` replies' worth of commands (written by `write`) and
-    /// returns where the replies will arrive, in order.
+    /// hands `receive` where each reply will arrive, in order.
     fn send(
         &self,
         count: usize,
         write: impl FnOnce(&mut Vec<u8>),
-    ) -> Result<Vec<oneshot::Receiver<RedisResult<Value>>>, redis::RedisError> {
-        let mut receivers = Vec::with_capacity(count);
+        mut receive: impl FnMut(oneshot::Receiver<RedisResult<Value>>),
+    ) -> Result<(), redis::RedisError> {
         let mut state = self.shared.lock();
         match &state.link {
             Link::Up(_) | Link::Connecting => {}
@@ -212,7 +212,7 @@ impl Pipe {
         for _ in 0..count {
             let (tx, rx) = oneshot::channel();
             state.waiting.push_back(tx);
-            receivers.push(rx);
+            receive(rx);
         }
         // The writer is woken once per batch: a non-empty buffer has a
         // wake-up pending already.
@@ -221,14 +221,19 @@ impl Pipe {
                 session.wake_writer.notify_one();
             }
         }
-        Ok(receivers)
+        Ok(())
     }
 
     fn send_one(&self, cmd: &Cmd) -> RedisFuture<'static, Value> {
-        let sent = self.send(1, |out| cmd.write_packed_command(out));
+        let mut receiver = None;
+        let sent = self.send(
+            1,
+            |out| cmd.write_packed_command(out),
+            |rx| receiver = Some(rx),
+        );
         Box::pin(async move {
-            let mut receivers = sent?;
-            let receiver = receivers.pop().expect("one receiver per command");
+            sent?;
+            let receiver = receiver.expect("one receiver per command");
             receiver.await.unwrap_or_else(|_| Err(dropped()))
         })
     }
@@ -245,12 +250,16 @@ impl ConnectionLike for Pipe {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let sent = self.send(offset + count, |out| {
-            out.extend_from_slice(&pipeline.get_packed_pipeline())
-        });
+        let mut receivers = Vec::with_capacity(offset + count);
+        let sent = self.send(
+            offset + count,
+            |out| out.extend_from_slice(&pipeline.get_packed_pipeline()),
+            |rx| receivers.push(rx),
+        );
         Box::pin(async move {
+            sent?;
             let mut replies = Vec::with_capacity(count);
-            for (i, receiver) in sent?.into_iter().enumerate() {
+            for (i, receiver) in receivers.into_iter().enumerate() {
                 let reply = receiver.await.unwrap_or_else(|_| Err(dropped()))?;
                 if i >= offset {
                     replies.push(reply);
