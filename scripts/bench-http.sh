@@ -27,6 +27,30 @@ cargo build --release -q -p idem-client --example mw_cpu
 echo "== HTTP middleware (issue 4) and the Postgres fence (issue 9) =="
 target/release/examples/http_bench
 echo "== Middleware CPU per request, in process, 2 workers (issue 12) =="
-for mode in bare new replay; do
-  MW_MODE=$mode MW_THREADS=2 MW_REQUESTS=40000 target/release/examples/mw_cpu
+# MW_ROUNDS rounds alternating every mode; medians of the CPU per request.
+# The layer's own figure is its mode's minus `bare` (the handler alone).
+# Targets: half the issue's baseline (16 us a replay, 28 us a new key).
+rounds=${MW_ROUNDS:-5}
+declare -A cpu
+for ((round = 1; round <= rounds; round++)); do
+  for spec in bare:pipe ping:pipe pipe:pipe replay:manager replay:pipe new:manager new:pipe; do
+    mode=${spec%%:*} transport=${spec#*:}
+    line=$(MW_MODE=$mode MW_TRANSPORT=$transport MW_THREADS=2 MW_REQUESTS=40000 \
+      target/release/examples/mw_cpu | grep '^mode ')
+    echo "round $round $transport: $line"
+    value=$(sed -E 's/.* ([0-9.]+) us CPU\/request.*/\1/' <<<"$line")
+    cpu[$spec]+="$value "
+  done
+done
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+bare=$(median "${cpu[bare:pipe]}")
+over() { awk -v a="$(median "$1")" -v b="$bare" 'BEGIN {printf "%.1f", a - b}'; }
+echo "medians over $rounds rounds, us of CPU per request over the bare handler ($bare us):"
+echo "  round trip: redis-rs ConnectionManager $(over "${cpu[ping:pipe]}"), Pipe $(over "${cpu[pipe:pipe]}")"
+for mode in replay new; do
+  baseline=$([[ $mode == replay ]] && echo 16 || echo 28)
+  manager=$(over "${cpu[$mode:manager]}") pipe=$(over "${cpu[$mode:pipe]}")
+  awk -v m="$mode" -v mg="$manager" -v p="$pipe" -v b="$baseline" 'BEGIN {
+    printf "  %-6s ConnectionManager %5.1f us, Pipe %5.1f us (%.2fx of the manager); %.2fx of the issue baseline %d us (target <= 0.5x)\n",
+      m, mg, p, p / mg, p / b, b }'
 done
