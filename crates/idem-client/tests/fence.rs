@@ -352,6 +352,55 @@ async fn the_writer_upsert_and_cleanup_agree_with_fence_rows(layout: TableLayout
     assert_eq!(row(&client, "y").await.unwrap().0, "completed");
 }
 
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    a_later_redis_record_never_replaces_the_answer_committed_with_the_effect
+);
+/// Redis lost the key after the fence committed; a retry got a new, larger
+/// token and answered before it claimed (a 402: the first run lowered the
+/// balance). The writer mirrors that answer: the committed row stays, and
+/// so does the effect it goes with, until the row expires.
+async fn a_later_redis_record_never_replaces_the_answer_committed_with_the_effect(
+    layout: TableLayout,
+) {
+    let (_db, mut client) = database(layout).await;
+    let fence = new_fence(layout, "paid", 20, b"fp", TTL);
+    assert_eq!(attempt(&mut client, &fence).await, Claim::Proceed);
+    let mut retry = mirror_record("paid", 30, b"fp");
+    retry.status = 402;
+    let n = writer_upsert(&client, layout, &[retry.clone()]).await;
+    assert_eq!(n, 0, "the retry's answer replaced the committed one");
+    assert_eq!(
+        row(&client, "paid").await.unwrap(),
+        ("completed".into(), 20, Some(201))
+    );
+    assert_eq!(effects(&client, "paid").await, vec![20]);
+    // Once the committed row has expired, the key is free for new answers,
+    // and the row the writer leaves is an ordinary one.
+    client
+        .execute(
+            "UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = 'paid'",
+            &[],
+        )
+        .await
+        .unwrap();
+    retry.token = 40;
+    assert_eq!(writer_upsert(&client, layout, &[retry]).await, 1);
+    assert_eq!(
+        row(&client, "paid").await.unwrap(),
+        ("completed".into(), 40, Some(402))
+    );
+    let fenced: bool = client
+        .query_one(
+            "SELECT fenced FROM idempotency_keys WHERE key = 'paid'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!fenced);
+}
+
 async fn fence_commit_after_cleanup(tx: tokio_postgres::Transaction<'_>, fence: &Fence) {
     fence
         .commit(tx, &response(fence.token()))

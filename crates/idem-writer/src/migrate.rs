@@ -13,11 +13,18 @@ struct Migration {
     sql: &'static str,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "idempotency_keys",
-    sql: include_str!("../migrations/0001_idempotency_keys.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "idempotency_keys",
+        sql: include_str!("../migrations/0001_idempotency_keys.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "fenced",
+        sql: include_str!("../migrations/0002_fenced.sql"),
+    },
+];
 
 /// Migration 1 for the partitioned layout (same columns and checks).
 const PARTITIONED_TABLE_SQL: &str =

@@ -30,9 +30,10 @@ WITH incoming AS (
 }
 
 /// Inserts the batch, or updates a row only when the incoming token is larger
-/// (at-least-once delivery, key reuse after expiry). Headers travel as two
-/// flat arrays (owning row number, item) and are regrouped per row, because a
-/// Postgres array cannot hold rows of different lengths. Rows are written in
+/// (at-least-once delivery, key reuse after expiry) and the row is not an
+/// unexpired answer the fence committed with its effect (`fenced`). Headers
+/// travel as two flat arrays (owning row number, item) and are regrouped per
+/// row, because a Postgres array cannot hold rows of different lengths. Rows are written in
 /// key order so that concurrent writers lock them in the same order.
 pub const UPSERT_SQL: &str = concat!(
     incoming_rows!(),
@@ -55,8 +56,10 @@ ON CONFLICT (key) DO UPDATE SET
     token            = EXCLUDED.token,
     created_at       = EXCLUDED.created_at,
     completed_at     = EXCLUDED.completed_at,
-    expires_at       = EXCLUDED.expires_at
+    expires_at       = EXCLUDED.expires_at,
+    fenced           = false
 WHERE t.token < EXCLUDED.token
+  AND NOT (t.fenced AND t.status = 'completed' AND t.expires_at > now())
 "
 );
 
@@ -91,9 +94,11 @@ pub const PARTITIONED_UPSERT_SQL: &str = concat!(
         token            = b.token,
         created_at       = b.created_at,
         completed_at     = b.completed_at,
-        expires_at       = b.expires_at
+        expires_at       = b.expires_at,
+        fenced           = false
     FROM batch b
     WHERE t.key = b.key AND t.token < b.token
+      AND NOT (t.fenced AND t.status = 'completed' AND t.expires_at > now())
     RETURNING 1
 ), added AS (
     INSERT INTO idempotency_keys

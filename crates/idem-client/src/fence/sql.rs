@@ -37,7 +37,8 @@ WITH gate AS MATERIALIZED (
         response_status  = NULL,
         response_body    = NULL,
         response_headers = '{}',
-        completed_at     = NULL
+        completed_at     = NULL,
+        fenced           = false
     WHERE t.token < EXCLUDED.token
       AND (t.expires_at <= now()
            OR (t.status = 'in_progress' AND t.fingerprint = EXCLUDED.fingerprint))
@@ -71,7 +72,8 @@ WITH existing AS (
         response_status  = NULL,
         response_body    = NULL,
         response_headers = '{}',
-        completed_at     = NULL
+        completed_at     = NULL,
+        fenced           = false
     WHERE t.key = $1 AND t.token < $3
       AND (t.expires_at <= now() OR (t.status = 'in_progress' AND t.fingerprint = $2))
     RETURNING 1
@@ -94,12 +96,14 @@ SELECT fingerprint, status, token, expires_at > now(),
 FROM idempotency_keys WHERE key = $1
 ";
 
-/// Stores the response on the row this transaction claimed (token guard).
-/// `$1` key, `$2` token, `$3` status, `$4` body, `$5` headers (flat).
+/// Stores the response on the row this transaction claimed (token guard),
+/// marked `fenced`: the writer's upsert leaves it as it is while it is
+/// unexpired. `$1` key, `$2` token, `$3` status, `$4` body, `$5` headers
+/// (flat).
 pub const COMPLETE_SQL: &str = "
 UPDATE idempotency_keys SET
     status = 'completed', response_status = $3, response_body = $4,
-    response_headers = $5, completed_at = now()
+    response_headers = $5, completed_at = now(), fenced = true
 WHERE key = $1 AND token = $2 AND status = 'in_progress'
 RETURNING 1
 ";
