@@ -318,11 +318,14 @@ impl Drop for RedisServer {
     }
 }
 
-/// Whether a server's log says it could not listen on `port` because another
-/// socket has it (the wording of Redis and Valkey alike).
+/// Whether a server's log says it could not listen on `port`, or on its
+/// cluster bus port (`port` + 10000, cluster-enabled servers), because
+/// another socket has it (the wording of Redis and Valkey alike).
 fn lost_port(log: &str, port: u16) -> bool {
-    let listen = format!("127.0.0.1:{port}: bind: Address already in use");
-    log.lines().any(|line| line.contains(&listen))
+    let taken = |port: u32| format!("127.0.0.1:{port}: bind: Address already in use");
+    let (listen, bus) = (taken(port.into()), taken(u32::from(port) + 10000));
+    log.lines()
+        .any(|line| line.contains(&listen) || line.contains(&bus))
 }
 
 /// The Postgres server tests use: `$DATABASE_URL`, else the local one.
@@ -493,5 +496,9 @@ mod tests {
         assert!(lost_port(log, 4321));
         assert!(!lost_port(log, 432));
         assert!(!lost_port(log, 1234));
+        // A cluster node also binds port + 10000 for its bus.
+        let bus = "# Could not create server TCP listening socket 127.0.0.1:41252: bind: Address already in use";
+        assert!(lost_port(bus, 31252));
+        assert!(!lost_port(bus, 41252 - 1));
     }
 }
