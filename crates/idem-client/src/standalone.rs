@@ -68,12 +68,18 @@ impl StandaloneConnection {
     }
 }
 
+impl StandaloneConnection {
+    fn as_conn(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            StandaloneConnection::Pipe(pipe) => pipe,
+            StandaloneConnection::Manager(manager) => manager,
+        }
+    }
+}
+
 impl ConnectionLike for StandaloneConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            StandaloneConnection::Pipe(pipe) => pipe.req_packed_command(cmd),
-            StandaloneConnection::Manager(manager) => manager.req_packed_command(cmd),
-        }
+        self.as_conn().req_packed_command(cmd)
     }
 
     fn req_packed_commands<'a>(
@@ -82,12 +88,7 @@ impl ConnectionLike for StandaloneConnection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            StandaloneConnection::Pipe(pipe) => pipe.req_packed_commands(pipeline, offset, count),
-            StandaloneConnection::Manager(manager) => {
-                manager.req_packed_commands(pipeline, offset, count)
-            }
-        }
+        self.as_conn().req_packed_commands(pipeline, offset, count)
     }
 
     fn get_db(&self) -> i64 {

@@ -1,16 +1,35 @@
 //! `Pipe`, idem's multiplexed connection, against real redis-servers: every
 //! caller gets its own reply under load and after abandoned calls, a dead or
 //! stalled server fails calls instead of hanging them, the connection comes
-//! back with the server, and AUTH, SELECT and Unix sockets are set up.
+//! back with the server, and AUTH, SELECT, TCP settings and Unix sockets
+//! are set up.
 
 use std::time::{Duration, Instant};
 
 use idem_client::{IdemClient, IdemError, Pipe, StandaloneConnection, Transport};
 use idem_testkit::{RedisConfig, RedisServer};
 use redis::aio::ConnectionLike;
+use redis::io::tcp::socket2::{SockRef, TcpKeepalive};
+use redis::io::tcp::TcpSettings;
+use tokio::task::JoinHandle;
 
 async fn pipe(server: &RedisServer) -> Pipe {
     Pipe::connect(&server.client()).await.unwrap()
+}
+
+/// Stalls `server` for `secs` with `DEBUG SLEEP` on a connection of its own;
+/// returns once the sleep has begun, with the sleep's task.
+async fn stall(server: &RedisServer, secs: u32) -> JoinHandle<redis::RedisResult<()>> {
+    let mut sleeper = server.async_conn().await;
+    let sleep = tokio::spawn(async move {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(secs)
+            .query_async::<()>(&mut sleeper)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    sleep
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -80,15 +99,7 @@ async fn calls_abandoned_on_a_stalled_server_do_not_shift_later_replies() {
             .await
             .unwrap();
     }
-    let mut sleeper = server.async_conn().await;
-    let sleep = tokio::spawn(async move {
-        redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("1")
-            .query_async::<()>(&mut sleeper)
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let sleep = stall(&server, 1).await;
     // Calls queued behind the stall are given up by their callers; their
     // replies come later, to nobody.
     let started = Instant::now();
@@ -250,15 +261,7 @@ async fn a_server_refusing_the_connection_is_unavailable_not_an_answer() {
 async fn a_server_that_stops_answering_is_given_up_after_ten_seconds() {
     let server = RedisServer::start();
     let mut conn = pipe(&server).await;
-    let mut sleeper = server.async_conn().await;
-    let sleep = tokio::spawn(async move {
-        redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("13")
-            .query_async::<()>(&mut sleeper)
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let sleep = stall(&server, 13).await;
     // No timeout of the caller's own: the connection gives the call up.
     let started = Instant::now();
     let err = redis::cmd("PING")
@@ -464,4 +467,59 @@ async fn bytes_that_are_not_resp_close_the_connection() {
         .unwrap_err();
     assert!(err.to_string().contains("not a RESP2 reply"), "{err}");
     assert!(IdemError::from(err).is_unavailable());
+}
+
+#[tokio::test]
+async fn the_connection_infos_tcp_settings_are_applied() {
+    let server = RedisServer::start();
+    let settings = TcpSettings::default()
+        .set_keepalive(TcpKeepalive::new().with_time(Duration::from_secs(37)))
+        .set_user_timeout(Duration::from_millis(4321));
+    let info = server
+        .client()
+        .get_connection_info()
+        .clone()
+        .set_tcp_settings(settings);
+    let mut conn = Pipe::connect(&redis::Client::open(info).unwrap())
+        .await
+        .unwrap();
+    let pong: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    assert_eq!(pong, "PONG");
+
+    let fds = sockets_to(server.port);
+    assert_eq!(fds.len(), 1, "one socket to the server");
+    // SAFETY: the fd is the pipe's open socket, which `conn` keeps open for
+    // the borrow's length.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fds[0]) };
+    let socket = SockRef::from(&fd);
+    assert!(socket.keepalive().unwrap(), "SO_KEEPALIVE is on");
+    assert_eq!(
+        socket.tcp_keepalive_time().unwrap(),
+        Duration::from_secs(37)
+    );
+    assert_eq!(
+        socket.tcp_user_timeout().unwrap(),
+        Some(Duration::from_millis(4321))
+    );
+    assert!(socket.tcp_nodelay().unwrap(), "TCP_NODELAY is on");
+    drop(conn);
+}
+
+/// This process' TCP sockets connected to `port` on this host.
+fn sockets_to(port: u16) -> Vec<std::os::fd::RawFd> {
+    let mut fds = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
+        let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse() else {
+            continue;
+        };
+        // SAFETY: borrowed only while this process holds the fd open; the
+        // test opens and closes none meanwhile on this thread.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let socket = SockRef::from(&borrowed);
+        let peer = socket.peer_addr().ok().and_then(|addr| addr.as_socket());
+        if peer.is_some_and(|peer| peer.port() == port) {
+            fds.push(fd);
+        }
+    }
+    fds
 }

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
+use redis::io::tcp::{socket2, TcpSettings};
 use redis::{Cmd, ConnectionAddr, Pipeline, ProtocolVersion, RedisFuture, RedisResult, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{oneshot, Notify};
@@ -543,7 +544,7 @@ async fn open(info: &redis::ConnectionInfo) -> io::Result<Stream> {
     let mut stream = match info.addr() {
         ConnectionAddr::Tcp(host, port) => {
             let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
-            stream.set_nodelay(true)?;
+            apply_tcp_settings(&stream, info.tcp_settings())?;
             Stream::Tcp(stream)
         }
         ConnectionAddr::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
@@ -580,6 +581,20 @@ async fn open(info: &redis::ConnectionInfo) -> io::Result<Stream> {
         Stream::Unix(s) => handshake(s, &setup, replies).await?,
     }
     Ok(stream)
+}
+
+/// The connection info's TCP settings (keepalive, user timeout), as
+/// redis-rs applies them; `TCP_NODELAY` is always on, since the writer batches itself.
+fn apply_tcp_settings(stream: &tokio::net::TcpStream, settings: &TcpSettings) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let socket = socket2::SockRef::from(stream);
+    if let Some(keepalive) = settings.keepalive() {
+        socket.set_tcp_keepalive(keepalive)?;
+    }
+    if let Some(timeout) = settings.user_timeout() {
+        socket.set_tcp_user_timeout(Some(timeout))?;
+    }
+    Ok(())
 }
 
 /// Writes the setup commands and checks that each answered OK (PONG).
