@@ -263,12 +263,16 @@ where
         parse_touch(&self.query(cmd).await?)
     }
 
-    async fn query(&self, cmd: Cmd) -> Result<Value, IdemError> {
+    /// One call on the shared connection, bounded by the call timeout; an
+    /// error reply is an error. One flat future: every request's embeds it.
+    fn query(&self, cmd: Cmd) -> impl Future<Output = Result<Value, IdemError>> + Send {
         let mut conn = self.conn.clone();
-        bounded(self.call_timeout, async move {
-            cmd.query_async(&mut conn).await
-        })
-        .await
+        let timeout = self.call_timeout;
+        async move {
+            let call = conn.req_packed_command(&cmd);
+            let value = bounded(timeout, call).await?;
+            value.extract_error().map_err(IdemError::from)
+        }
     }
 }
 

@@ -105,7 +105,9 @@ impl ReadThrough {
             Outcome::New { token } => token,
             other => return Ok(other),
         };
-        let record = match self.lookup(key).await {
+        // Boxed: the lookup's future is large, and only a new key awaits it;
+        // inline, it would size every request's future.
+        let record = match Box::pin(self.lookup(key)).await {
             Ok(record) => record,
             Err(err) => {
                 release(client, key, token).await;

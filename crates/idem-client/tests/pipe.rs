@@ -469,6 +469,8 @@ async fn bytes_that_are_not_resp_close_the_connection() {
     assert!(IdemError::from(err).is_unavailable());
 }
 
+/// Linux: the user timeout and `/proc/self/fd` are Linux's.
+#[cfg(target_os = "linux")]
 #[tokio::test]
 async fn the_connection_infos_tcp_settings_are_applied() {
     let server = RedisServer::start();
@@ -486,12 +488,11 @@ async fn the_connection_infos_tcp_settings_are_applied() {
     let pong: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
     assert_eq!(pong, "PONG");
 
-    let fds = sockets_to(server.port);
-    assert_eq!(fds.len(), 1, "one socket to the server");
-    // SAFETY: the fd is the pipe's open socket, which `conn` keeps open for
-    // the borrow's length.
-    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fds[0]) };
-    let socket = SockRef::from(&fd);
+    // The server's port is this test's alone (the test kit never hands a
+    // port out twice), so the one socket connected to it is the pipe's.
+    let sockets = sockets_to(server.port);
+    assert_eq!(sockets.len(), 1, "one socket to the server");
+    let socket = SockRef::from(&sockets[0]);
     assert!(socket.keepalive().unwrap(), "SO_KEEPALIVE is on");
     assert_eq!(
         socket.tcp_keepalive_time().unwrap(),
@@ -505,21 +506,32 @@ async fn the_connection_infos_tcp_settings_are_applied() {
     drop(conn);
 }
 
-/// This process' TCP sockets connected to `port` on this host.
-fn sockets_to(port: u16) -> Vec<std::os::fd::RawFd> {
-    let mut fds = Vec::new();
+/// Duplicates of this process' TCP sockets connected to `port` on this
+/// host. Each open fd is duplicated first (`F_DUPFD_CLOEXEC`), so a socket
+/// that other tests close meanwhile is never touched: its number fails to
+/// duplicate, or duplicates whatever now holds it, which the peer check sorts out.
+#[cfg(target_os = "linux")]
+fn sockets_to(port: u16) -> Vec<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let mut sockets = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
         let Ok(fd) = entry.unwrap().file_name().to_string_lossy().parse() else {
             continue;
         };
-        // SAFETY: borrowed only while this process holds the fd open; the
-        // test opens and closes none meanwhile on this thread.
-        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let socket = SockRef::from(&borrowed);
-        let peer = socket.peer_addr().ok().and_then(|addr| addr.as_socket());
+        // SAFETY: `fcntl` on any number is sound: a closed one fails (EBADF).
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            continue;
+        }
+        // SAFETY: `dup` is a new descriptor that nothing else owns.
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(dup) };
+        let peer = SockRef::from(&owned)
+            .peer_addr()
+            .ok()
+            .and_then(|addr| addr.as_socket());
         if peer.is_some_and(|peer| peer.port() == port) {
-            fds.push(fd);
+            sockets.push(owned);
         }
     }
-    fds
+    sockets
 }

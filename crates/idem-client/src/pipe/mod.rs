@@ -583,14 +583,15 @@ async fn open(info: &redis::ConnectionInfo) -> io::Result<Stream> {
     Ok(stream)
 }
 
-/// The connection info's TCP settings (keepalive, user timeout), as
-/// redis-rs applies them; `TCP_NODELAY` is always on, since the writer batches itself.
+/// The connection info's TCP settings (keepalive; user timeout on Linux),
+/// as redis-rs applies them; `TCP_NODELAY` is always on, since the writer batches itself.
 fn apply_tcp_settings(stream: &tokio::net::TcpStream, settings: &TcpSettings) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let socket = socket2::SockRef::from(stream);
     if let Some(keepalive) = settings.keepalive() {
         socket.set_tcp_keepalive(keepalive)?;
     }
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
     if let Some(timeout) = settings.user_timeout() {
         socket.set_tcp_user_timeout(Some(timeout))?;
     }

@@ -43,6 +43,19 @@ pub struct StoredResponse {
     pub headers: Vec<Header>,
 }
 
+/// What `BeginReply::take_packed` found.
+#[derive(Debug)]
+pub enum Taken {
+    /// A packed replay's bytes.
+    Packed(Vec<u8>),
+    /// Any other reply, untouched.
+    Other(Frame),
+}
+
+fn is_replay(items: &[Frame]) -> bool {
+    items.first().and_then(|f| f.bytes("BEGIN outcome").ok()) == Some(b"replay")
+}
+
 impl Begin<'_> {
     pub fn write(&self, sink: &mut impl ReplySink, layout: ReplayLayout) {
         match self {
@@ -79,20 +92,11 @@ impl Begin<'_> {
 impl BeginReply {
     /// As `parse`, but a replayed body is moved out of the frame, not copied.
     pub fn parse_owned(frame: Frame) -> Result<BeginReply, WireError> {
-        let Frame::Array(mut items) = frame else {
-            return BeginReply::parse(&frame);
+        let mut items = match BeginReply::take_packed(frame)? {
+            Taken::Packed(packed) => return unpack(packed).map(BeginReply::Replay),
+            Taken::Other(Frame::Array(items)) if is_replay(&items) && items.len() == 4 => items,
+            Taken::Other(frame) => return BeginReply::parse(&frame),
         };
-        let is_replay =
-            items.first().and_then(|f| f.bytes("BEGIN outcome").ok()) == Some(b"replay");
-        match (is_replay, items.len()) {
-            (true, 2) => {
-                let packed =
-                    std::mem::replace(&mut items[1], Frame::Null).into_bytes("packed replay")?;
-                return unpack(packed).map(BeginReply::Replay);
-            }
-            (true, 4) => {}
-            _ => return BeginReply::parse(&Frame::Array(items)),
-        }
         let status = read_status(&items[1])?;
         let headers = read_headers(&items[3])?;
         let body = std::mem::replace(&mut items[2], Frame::Null).into_bytes("body")?;
@@ -101,6 +105,20 @@ impl BeginReply {
             body,
             headers,
         }))
+    }
+
+    /// The packed replay's bytes, moved out of the frame (read them with
+    /// `unpack` or `Packed::parse`), or the frame back when it is another
+    /// reply or a four-field replay.
+    pub fn take_packed(frame: Frame) -> Result<Taken, WireError> {
+        match frame {
+            Frame::Array(mut items) if is_replay(&items) && items.len() == 2 => {
+                let packed =
+                    std::mem::replace(&mut items[1], Frame::Null).into_bytes("packed replay")?;
+                Ok(Taken::Packed(packed))
+            }
+            other => Ok(Taken::Other(other)),
+        }
     }
 
     pub fn parse(frame: &Frame) -> Result<BeginReply, WireError> {

@@ -6,7 +6,7 @@
 //! | reply | writer | reader |
 //! |---|---|---|
 //! | `IDEM.BEGIN` outcome | `Begin::write` | `BeginReply::parse` |
-//! | a replay with `PACKED` | `packed::with_packed` | `packed::unpack` |
+//! | a replay with `PACKED` | `packed::with_packed` | `packed::unpack` (`Packed` in place) |
 //! | `IDEM.GET` record | `write_record` | `parse_record` |
 //! | `IDEM.MIRROR.PULL` batch | `write_pull_batch` | `parse_pull_batch` |
 //! | error replies | `Error` (`Display`) | `ErrorCode::from_reply` |
@@ -20,9 +20,10 @@ mod pulled;
 mod redis_value;
 mod view;
 
-pub use begin::{Begin, BeginReply, ReplayLayout, StoredResponse};
+pub use begin::{Begin, BeginReply, ReplayLayout, StoredResponse, Taken};
 pub use code::ErrorCode;
 pub use frame::{Frame, Recorder, WireError};
+pub use packed::Packed;
 pub use pulled::{parse_pull_batch, write_pull_batch, PulledRecord};
 #[cfg(feature = "redis")]
 pub use redis_value::{GetReply, PullReply};

@@ -73,40 +73,80 @@ fn pack_into(c: &Completed, out: &mut [u8]) {
     put(&len32(c.body.len()));
 }
 
+/// A packed response, checked and read in place: `unpack` turns it into
+/// owned headers, a reader that keeps `bytes` shared (the client, with
+/// `Bytes`) slices it instead.
+#[derive(Debug, Clone, Copy)]
+pub struct Packed<'a> {
+    pub status: u16,
+    pub body: &'a [u8],
+    /// The header fields, checked to hold exactly `count` name-value pairs.
+    fields: &'a [u8],
+    count: usize,
+}
+
+impl<'a> Packed<'a> {
+    /// Checks the whole packing: status, lengths, and every header.
+    pub fn parse(bytes: &'a [u8]) -> Result<Packed<'a>, WireError> {
+        let bad = |what: &str| WireError::new(format!("packed replay: {what}"));
+        let Some(fields_end) = bytes.len().checked_sub(TRAILER) else {
+            return Err(bad("shorter than its trailer"));
+        };
+        let trailer = &bytes[fields_end..];
+        let status = u16::from_be_bytes([trailer[0], trailer[1]]);
+        let count = u32_at(trailer, 2);
+        let body_len = u32_at(trailer, 6);
+        if !crate::record::STATUS_RANGE.contains(&status) {
+            return Err(bad(&format!("status {status} out of range")));
+        }
+        if body_len > fields_end {
+            return Err(bad("body runs past the headers"));
+        }
+        // Each header takes at least its two length prefixes: a count beyond
+        // that is a lie, and must not size an allocation.
+        if count > (fields_end - body_len) / 8 {
+            return Err(bad("more headers than bytes"));
+        }
+        let fields = &bytes[body_len..fields_end];
+        let mut rest = fields;
+        for _ in 0..count {
+            take(&mut rest).ok_or_else(|| bad("header name cut short"))?;
+            take(&mut rest).ok_or_else(|| bad("header value cut short"))?;
+        }
+        if !rest.is_empty() {
+            return Err(bad("bytes left after the headers"));
+        }
+        Ok(Packed {
+            status,
+            body: &bytes[..body_len],
+            fields,
+            count,
+        })
+    }
+
+    /// The headers' `(name, value)` pairs, in stored order.
+    pub fn headers(&self) -> impl ExactSizeIterator<Item = (&'a [u8], &'a [u8])> {
+        let mut rest = self.fields;
+        (0..self.count).map(move |_| {
+            // `parse` checked every pair; `unwrap_or_default` is never taken.
+            let name = take(&mut rest).unwrap_or_default();
+            let value = take(&mut rest).unwrap_or_default();
+            (name, value)
+        })
+    }
+}
+
 /// Reads a packed response; the body stays in `bytes`' allocation.
 pub fn unpack(mut bytes: Vec<u8>) -> Result<StoredResponse, WireError> {
-    let bad = |what: &str| WireError::new(format!("packed replay: {what}"));
-    let Some(fields_end) = bytes.len().checked_sub(TRAILER) else {
-        return Err(bad("shorter than its trailer"));
-    };
-    let trailer = &bytes[fields_end..];
-    let status = u16::from_be_bytes([trailer[0], trailer[1]]);
-    let count = u32_at(trailer, 2);
-    let body_len = u32_at(trailer, 6);
-    if !crate::record::STATUS_RANGE.contains(&status) {
-        return Err(bad(&format!("status {status} out of range")));
-    }
-    if body_len > fields_end {
-        return Err(bad("body runs past the headers"));
-    }
-    // Each header takes at least its two length prefixes: a count beyond
-    // that is a lie, and must not size an allocation.
-    if count > (fields_end - body_len) / 8 {
-        return Err(bad("more headers than bytes"));
-    }
-    let mut rest = &bytes[body_len..fields_end];
-    let mut headers = Vec::with_capacity(count);
-    for _ in 0..count {
-        let name = take(&mut rest).ok_or_else(|| bad("header name cut short"))?;
-        let value = take(&mut rest).ok_or_else(|| bad("header value cut short"))?;
-        headers.push(Header {
+    let packed = Packed::parse(&bytes)?;
+    let (status, body_len) = (packed.status, packed.body.len());
+    let headers = packed
+        .headers()
+        .map(|(name, value)| Header {
             name: name.to_vec(),
             value: value.to_vec(),
-        });
-    }
-    if !rest.is_empty() {
-        return Err(bad("bytes left after the headers"));
-    }
+        })
+        .collect();
     bytes.truncate(body_len);
     Ok(StoredResponse {
         status,
@@ -127,8 +167,9 @@ fn u32_at(b: &[u8], at: usize) -> usize {
 /// One length-prefixed string off the front of `rest`.
 fn take<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
     let len = u32_at(rest.get(..4)?, 0);
-    let s = rest.get(4..4 + len)?;
-    *rest = &rest[4 + len..];
+    let end = len.checked_add(4)?;
+    let s = rest.get(4..end)?;
+    *rest = &rest[end..];
     Some(s)
 }
 
