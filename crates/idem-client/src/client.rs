@@ -171,11 +171,12 @@ where
                     .query_begin(args, |cmd| connections.query(cmd, bound))
                     .await
                 {
-                    // Waiting is an extra. When it fails, the key is still
-                    // known to be in flight, and that is the answer: never
-                    // "unavailable", which a fail-open caller takes as leave
-                    // to run what would be a certain duplicate.
-                    Err(error) if error.is_unavailable() => {
+                    // Waiting is an extra. When it fails in any way (the
+                    // node unreachable, or `UNBLOCKED` by a demotion), the key
+                    // is still known to be in flight, and that is the answer:
+                    // never "unavailable", which a fail-open caller takes as
+                    // leave to run what would be a certain duplicate.
+                    Err(error) => {
                         tracing::warn!(%error, "waiting for the key's holder failed; answering in_flight");
                         Ok(first)
                     }

@@ -145,6 +145,10 @@ fn is_unavailability(err: &redis::RedisError) -> bool {
                     | ServerErrorKind::ReadOnly
             ) | ErrorKind::ClusterConnectionNotFound
         )
+        // A primary that may not take writes for now: too few replicas
+        // (`min-replicas-to-write`), or its last snapshot failed
+        // (`stop-writes-on-bgsave-error`). redis-rs has no kinds for them.
+        || matches!(err.code(), Some("NOREPLICAS" | "MISCONF"))
 }
 
 #[cfg(test)]
@@ -208,6 +212,16 @@ mod tests {
             "loading",
         ));
         assert!(IdemError::from(err).is_unavailable());
+    }
+
+    #[test]
+    fn a_primary_refusing_writes_for_now_is_unavailability() {
+        for code in ["NOREPLICAS", "MISCONF", "READONLY", "MASTERDOWN"] {
+            let err = IdemError::from(server_error(code, "not now"));
+            assert!(err.is_unavailable(), "{code}: {err:?}");
+        }
+        let other = IdemError::from(server_error("ERR", "unknown command"));
+        assert!(!other.is_unavailable(), "{other:?}");
     }
 
     #[test]

@@ -115,13 +115,11 @@ where
                 None => bounded(timeout, (self.open)()).await?,
             };
             let result = bounded(timeout, cmd.query_async::<Value>(&mut conn)).await;
-            // A connection that timed out may still deliver the late answer,
-            // and one that failed on I/O is broken: neither goes back.
-            let healthy = match &result {
-                Ok(_) => true,
-                Err(err) => !err.is_unavailable(),
-            };
-            if healthy {
+            // Only a connection that answered goes back: one that timed out
+            // may still deliver the late answer, one that failed on I/O is
+            // broken, and a server error (`UNBLOCKED` by a demotion) may
+            // come with the server closing it.
+            if result.is_ok() {
                 self.give_back(conn);
             }
             result

@@ -1,7 +1,8 @@
 //! The tower/axum layer over real HTTP and a real redis-server with the
 //! module: store policy, stored headers, fail-closed and fail-open, required
-//! keys, methods, size limits, a client hanging up mid-request, and a
-//! panicking handler.
+//! keys, methods, size limits, a client hanging up mid-request, a
+//! panicking handler, and Redis down, refusing writes or demoted around a
+//! request.
 
 mod common;
 
@@ -372,10 +373,7 @@ async fn a_failed_wait_under_fail_open_answers_in_flight_and_runs_nothing_twice(
     let calls = Calls::default();
     let server = Server::start(routes(calls.clone()).layer(layer)).await;
     let original = common::post(&server.base, "/slow", Some("k"), "{}");
-    let duplicate = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        common::post(&server.base, "/slow", Some("k"), "{}").await
-    };
+    let duplicate = slow_again(&server.base, Duration::from_millis(100));
     let (original, duplicate) = tokio::join!(original, duplicate);
     assert_eq!(original.status, 201);
     assert_eq!(duplicate.status, 409, "{:?}", duplicate.body);
@@ -408,6 +406,115 @@ async fn a_key_lost_while_the_handler_runs_still_gets_its_response_stored() {
     assert!(retry.replayed(), "{:?}", retry.body);
     assert_eq!(retry.body, original.body);
     assert_eq!(f.calls.count(), 1, "the handler ran once");
+}
+
+/// Redis is down when the handler finishes (killed, then restarted on the
+/// same data): the response is sent, and storing it goes on in the
+/// background until Redis is back, so the retry after the lease lapsed
+/// replays it. It used to give up after about 150 ms and leave the key in
+/// progress: the retry took it over and ran the handler a second time, which
+/// `store_retry(0)` shows again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_finished_while_redis_is_down_is_stored_once_it_is_back() {
+    assert_eq!(runs_after_an_outage(Duration::from_secs(60)).await, 1);
+    assert_eq!(
+        runs_after_an_outage(Duration::ZERO).await,
+        2,
+        "without retries the handler runs again"
+    );
+}
+
+/// How often the handler ran for the original and a retry when Redis goes
+/// down while the 500 ms handler runs and comes back 600 ms later.
+async fn runs_after_an_outage(store_retry: Duration) -> usize {
+    let mut redis = idem_testkit::RedisConfig::default().aof_always().start();
+    let client = IdemClient::standalone(redis.client()).await.unwrap();
+    let layer = IdempotencyLayer::new(client)
+        .lease(Duration::from_millis(1200))
+        .store_retry(store_retry);
+    let calls = Calls::default();
+    let server = Server::start(routes(calls.clone()).layer(layer)).await;
+    let original = common::post(&server.base, "/slow", Some("k"), "{}");
+    let mut conn = redis.async_conn().await;
+    let outage = async {
+        // Down once the handler runs, until after it finished.
+        while state_of(&mut conn, "idem:{:k}").await.as_deref() != Some("in_progress") {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(conn);
+        redis.kill();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        redis.restart();
+    };
+    let (original, ()) = tokio::join!(original, outage);
+    assert_eq!(original.status, 201, "{:?}", original.body);
+    // Past the lease: only a stored response keeps the retry from running.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let retry = common::post(&server.base, "/slow", Some("k"), "{}").await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    if calls.count() == 1 {
+        assert!(retry.replayed(), "{:?}", retry.body);
+        assert_eq!(retry.body, original.body);
+    }
+    calls.count()
+}
+
+/// A primary refusing writes for now (`min-replicas-to-write` unmet:
+/// `NOREPLICAS`) is Redis unavailable: 503, and the retry runs once it
+/// accepts writes again. It used to be a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_without_its_replicas_answers_503() {
+    let f = Fixture::start(|l| l).await;
+    let mut conn = f.redis.async_conn().await;
+    let config = |value: &'static str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("min-replicas-to-write")
+            .arg(value)
+            .clone()
+    };
+    let () = config("1").query_async(&mut conn).await.unwrap();
+    let refused = f.post("/ok", Some("k")).await;
+    assert_eq!(refused.status, 503, "{:?}", refused.body);
+    assert_eq!(f.calls.count(), 0);
+    let () = config("0").query_async(&mut conn).await.unwrap();
+    let accepted = f.post("/ok", Some("k")).await;
+    assert_eq!(accepted.status, 201, "{:?}", accepted.body);
+    assert_eq!(f.calls.count(), 1);
+}
+
+/// A duplicate waiting for the original's answer on a primary that is
+/// demoted meanwhile (`REPLICAOF`: Redis answers `UNBLOCKED`) gets 409: the
+/// key is known to be in flight. It used to be a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_unblocked_by_a_demotion_answers_in_flight() {
+    let redis = RedisServer::start();
+    let other = RedisServer::start();
+    let client = IdemClient::standalone(redis.client()).await.unwrap();
+    let layer = IdempotencyLayer::new(client).wait_for_result(Duration::from_secs(5));
+    let calls = Calls::default();
+    let server = Server::start(routes(calls.clone()).layer(layer)).await;
+    let original = common::post(&server.base, "/slow", Some("k"), "{}");
+    let duplicate = slow_again(&server.base, Duration::from_millis(100));
+    let demote = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut conn = redis.async_conn().await;
+        let () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(other.port)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    };
+    let (_original, duplicate, ()) = tokio::join!(original, duplicate, demote);
+    assert_eq!(duplicate.status, 409, "{:?}", duplicate.body);
+    assert_eq!(calls.count(), 1, "the duplicate ran nothing");
+}
+
+/// The slow request with key `k` again, `after` the original was sent.
+async fn slow_again(base: &str, after: Duration) -> common::Reply {
+    tokio::time::sleep(after).await;
+    common::post(base, "/slow", Some("k"), "{}").await
 }
 
 #[test]

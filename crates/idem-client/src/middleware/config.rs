@@ -35,6 +35,7 @@ pub(crate) struct Config<C> {
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) store_policy: Arc<StorePolicyFn>,
     pub(crate) fail_open: bool,
+    pub(crate) store_retry: Duration,
     pub(crate) fingerprinter: Fingerprinter,
     pub(crate) max_retry_after: Duration,
 }
@@ -60,6 +61,7 @@ impl<C: Clone> Clone for Config<C> {
             stored_headers: self.stored_headers.clone(),
             store_policy: self.store_policy.clone(),
             fail_open: self.fail_open,
+            store_retry: self.store_retry,
             fingerprinter: self.fingerprinter.clone(),
             max_retry_after: self.max_retry_after,
         }

@@ -99,6 +99,7 @@ impl<C> IdempotencyLayer<C> {
                 stored_headers: vec![CONTENT_TYPE, LOCATION],
                 store_policy: Arc::new(default_store_policy),
                 fail_open: false,
+                store_retry: Duration::from_secs(60),
                 fingerprinter: Fingerprinter::new().canonical_json(true),
                 max_retry_after: Duration::from_secs(2),
             },
@@ -224,6 +225,19 @@ impl<C> IdempotencyLayer<C> {
     /// idempotency instead of answering 503 (default: false, fail closed).
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.config.fail_open = fail_open;
+        self
+    }
+
+    /// How long storing a response is retried while Redis is unreachable
+    /// (default: 60 s, longer than a typical restart or failover). The
+    /// response is sent after the first attempts (about 150 ms); the rest
+    /// goes on in the background, so that a retry gets the replay rather than
+    /// running the handler again once Redis is back. Without the Postgres
+    /// fence this narrows, but cannot close, the window for a second run: a
+    /// retry that reaches a recovered Redis before the next attempt, after
+    /// the key's lease lapsed, takes the key over.
+    pub fn store_retry(mut self, retry_for: Duration) -> Self {
+        self.config.store_retry = retry_for;
         self
     }
 

@@ -3,11 +3,13 @@
 //! ABORT, and what the client is answered when the key was lost (`NOTFOUND`)
 //! or taken over (`STALE`) meanwhile: one answer per key, stored.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{response, Response};
 use redis::aio::ConnectionLike;
+use tokio::time::Instant;
 
 use super::begin::begin;
 use super::body::IdemBody;
@@ -15,12 +17,17 @@ use super::config::Config;
 use super::problem::{replay_response, Problem};
 use crate::{Fingerprint, IdemError, Origin, Outcome, StoredResponse};
 
-/// Attempts of a COMPLETE that fails because Redis is unreachable.
-const COMPLETE_ATTEMPTS: u32 = 3;
+/// How long a COMPLETE failing because Redis is unreachable is retried
+/// before the response is sent (the rest goes on in the background, up to
+/// the layer's `store_retry`).
+const STORE_AT_ONCE: Duration = Duration::from_millis(150);
+/// Pauses between attempts: the first, doubling up to the longest.
+const PAUSE_FIRST: Duration = Duration::from_millis(50);
+const PAUSE_MAX: Duration = Duration::from_millis(500);
 
 /// The key a request holds in Redis.
 pub(crate) struct Held<'a, C> {
-    pub config: &'a Config<C>,
+    pub config: &'a Arc<Config<C>>,
     pub key: &'a str,
     pub token: u64,
     pub fingerprint: &'a Fingerprint,
@@ -67,7 +74,8 @@ where
                 self.answer_again(stored).await
             }
             Err(err) if err.is_unavailable() => {
-                tracing::error!(key = self.key, error = %err, "COMPLETE failed: the response is sent but not stored");
+                tracing::warn!(key = self.key, error = %err, "COMPLETE failed: the response is sent, storing it goes on in the background");
+                self.store_in_background(stored.clone());
                 None
             }
             Err(err) => {
@@ -113,13 +121,69 @@ where
         }
     }
 
+    /// Retries storing the handler's response while Redis is unreachable,
+    /// for up to `store_retry`, in a task of its own: a key left in progress
+    /// would be taken over by a retry once its lease lapses, and the handler
+    /// would run again. Outside a runtime it cannot, and the key is left to
+    /// lapse.
+    fn store_in_background(&self, stored: StoredResponse) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let config = Arc::clone(self.config);
+        let (key, token, fingerprint) = (self.key.to_owned(), self.token, *self.fingerprint);
+        drop(runtime.spawn(async move {
+            let held = Held {
+                config: &config,
+                key: &key,
+                token,
+                fingerprint: &fingerprint,
+            };
+            let give_up = Instant::now() + config.store_retry;
+            match held.complete_until(token, &stored, Origin::Handler, give_up).await {
+                Ok(()) => tracing::info!(key, "the response is stored after Redis came back"),
+                Err(IdemError::Stale(_) | IdemError::NotFound(_)) => {
+                    // Lost or taken over meanwhile: stored under a new token
+                    // when nobody holds the key (the client has its answer).
+                    let _: Override<()> = held.answer_again(&stored).await;
+                }
+                Err(err) if err.is_unavailable() => tracing::error!(
+                    key,
+                    error = %err,
+                    "gave up storing the response: a retry after the key's lease lapses runs the handler again"
+                ),
+                Err(err) => {
+                    tracing::error!(key, error = %err, "COMPLETE refused: the response is sent but not stored; key released");
+                    held.release().await;
+                }
+            }
+        }));
+    }
+
+    /// COMPLETE, retried while Redis is unreachable for a moment.
     async fn complete(
         &self,
         token: u64,
         stored: &StoredResponse,
         origin: Origin,
     ) -> Result<(), IdemError> {
-        let mut attempt = 1;
+        let give_up = Instant::now() + STORE_AT_ONCE;
+        self.complete_until(token, stored, origin, give_up).await
+    }
+
+    /// COMPLETE, retried while Redis is unreachable until `give_up`. After
+    /// an attempt whose fate is unknown (a timeout, a cut connection), a
+    /// `COMPLETED` is that attempt's own write: the module checks the token
+    /// first, and only this holder has it.
+    async fn complete_until(
+        &self,
+        token: u64,
+        stored: &StoredResponse,
+        origin: Origin,
+        give_up: Instant,
+    ) -> Result<(), IdemError> {
+        let mut pause = PAUSE_FIRST;
+        let mut uncertain = false;
         loop {
             match self
                 .config
@@ -127,10 +191,12 @@ where
                 .complete(self.key, token, stored, origin)
                 .await
             {
-                Err(err) if err.is_unavailable() && attempt < COMPLETE_ATTEMPTS => {
-                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
-                    attempt += 1;
+                Err(err) if err.is_unavailable() && Instant::now() + pause < give_up => {
+                    uncertain = true;
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(PAUSE_MAX);
                 }
+                Err(IdemError::Completed(_)) if uncertain => return Ok(()),
                 result => return result,
             }
         }
