@@ -43,6 +43,12 @@ pub enum IdemError {
     /// cluster down, loading). Nothing is known about the command's effect.
     #[error("redis unavailable: {0}")]
     Unavailable(String),
+    /// `NOREPLICAS` or `MISCONF`: the primary is up but refuses writes for
+    /// now (fewer replicas than `min-replicas-to-write`, a failed disk
+    /// write). Unavailable (503), yet `fail_open` does not run the handler
+    /// on it: the keys are all there, a retry may be one already answered.
+    #[error("redis refuses writes for now: {0}")]
+    WritesRefused(String),
     /// Any other Redis error (an unknown error code, authentication, ...).
     #[error("redis error: {0}")]
     Redis(redis::RedisError),
@@ -64,6 +70,13 @@ impl IdemError {
     /// the Postgres mirror) was unreachable or slow. The middleware answers 503
     /// for these (or runs the handler when configured fail-open).
     pub fn is_unavailable(&self) -> bool {
+        self.is_unreachable() || matches!(self, IdemError::WritesRefused(_))
+    }
+
+    /// True when the store could not be reached or did not answer: the
+    /// failures `fail_open` runs the handler on. Not a primary that answers
+    /// but refuses writes (`WritesRefused`).
+    pub fn is_unreachable(&self) -> bool {
         matches!(self, IdemError::Unavailable(_) | IdemError::Postgres(_))
     }
 
@@ -106,6 +119,12 @@ impl From<redis::RedisError> for IdemError {
                 ErrorCode::Internal => IdemError::Internal(detail),
             };
         }
+        // A primary that may not take writes for now: too few replicas
+        // (`min-replicas-to-write`), or a failed snapshot or AOF write
+        // (`MISCONF`). redis-rs has no kinds for them.
+        if matches!(err.code(), Some("NOREPLICAS" | "MISCONF")) {
+            return IdemError::WritesRefused(err.to_string());
+        }
         if is_unavailability(&err) {
             IdemError::Unavailable(err.to_string())
         } else {
@@ -145,10 +164,6 @@ fn is_unavailability(err: &redis::RedisError) -> bool {
                     | ServerErrorKind::ReadOnly
             ) | ErrorKind::ClusterConnectionNotFound
         )
-        // A primary that may not take writes for now: too few replicas
-        // (`min-replicas-to-write`), or its last snapshot failed
-        // (`stop-writes-on-bgsave-error`). redis-rs has no kinds for them.
-        || matches!(err.code(), Some("NOREPLICAS" | "MISCONF"))
 }
 
 #[cfg(test)]
@@ -219,6 +234,13 @@ mod tests {
         for code in ["NOREPLICAS", "MISCONF", "READONLY", "MASTERDOWN"] {
             let err = IdemError::from(server_error(code, "not now"));
             assert!(err.is_unavailable(), "{code}: {err:?}");
+        }
+        // Refusals from a primary that answers are not "unreachable": they
+        // never run a handler unprotected.
+        for code in ["NOREPLICAS", "MISCONF"] {
+            let err = IdemError::from(server_error(code, "not now"));
+            assert!(matches!(err, IdemError::WritesRefused(_)), "{err:?}");
+            assert!(!err.is_unreachable(), "{code}");
         }
         let other = IdemError::from(server_error("ERR", "unknown command"));
         assert!(!other.is_unavailable(), "{other:?}");

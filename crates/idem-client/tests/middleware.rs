@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::routing::{post, put};
@@ -425,7 +425,7 @@ async fn a_response_finished_while_redis_is_down_is_stored_once_it_is_back() {
 }
 
 /// How often the handler ran for the original and a retry when Redis goes
-/// down while the 500 ms handler runs and comes back 600 ms later.
+/// down while the 500 ms handler runs and comes back 1 s later.
 async fn runs_after_an_outage(store_retry: Duration) -> usize {
     let mut redis = idem_testkit::RedisConfig::default().aof_always().start();
     let client = IdemClient::standalone(redis.client()).await.unwrap();
@@ -438,12 +438,11 @@ async fn runs_after_an_outage(store_retry: Duration) -> usize {
     let mut conn = redis.async_conn().await;
     let outage = async {
         // Down once the handler runs, until after it finished.
-        while state_of(&mut conn, "idem:{:k}").await.as_deref() != Some("in_progress") {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        in_progress(&mut conn, "idem:{:k}").await;
         drop(conn);
         redis.kill();
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        // Past the handler's end and the first attempts to store (~150 ms).
+        tokio::time::sleep(Duration::from_millis(1000)).await;
         redis.restart();
     };
     let (original, ()) = tokio::join!(original, outage);
@@ -460,11 +459,17 @@ async fn runs_after_an_outage(store_retry: Duration) -> usize {
 }
 
 /// A primary refusing writes for now (`min-replicas-to-write` unmet:
-/// `NOREPLICAS`) is Redis unavailable: 503, and the retry runs once it
-/// accepts writes again. It used to be a 500.
+/// `NOREPLICAS`) is Redis unavailable: 503, also under `fail_open` (the
+/// primary holds every key: the request may be one already answered), and
+/// the retry runs once it accepts writes again. It used to be a 500.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_without_its_replicas_answers_503() {
-    let f = Fixture::start(|l| l).await;
+    without_replicas(false).await;
+    without_replicas(true).await;
+}
+
+async fn without_replicas(fail_open: bool) {
+    let f = Fixture::start(|l| l.fail_open(fail_open)).await;
     let mut conn = f.redis.async_conn().await;
     let config = |value: &'static str| {
         redis::cmd("CONFIG")
@@ -494,27 +499,51 @@ async fn a_waiter_unblocked_by_a_demotion_answers_in_flight() {
     let layer = IdempotencyLayer::new(client).wait_for_result(Duration::from_secs(5));
     let calls = Calls::default();
     let server = Server::start(routes(calls.clone()).layer(layer)).await;
-    let original = common::post(&server.base, "/slow", Some("k"), "{}");
-    let duplicate = slow_again(&server.base, Duration::from_millis(100));
-    let demote = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let mut conn = redis.async_conn().await;
-        let () = redis::cmd("REPLICAOF")
-            .arg("127.0.0.1")
-            .arg(other.port)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    };
-    let (_original, duplicate, ()) = tokio::join!(original, duplicate, demote);
+    let original = tokio::spawn(slow_again(server.base.clone(), Duration::ZERO));
+    let mut conn = redis.async_conn().await;
+    in_progress(&mut conn, "idem:{:k}").await;
+    let duplicate = tokio::spawn(slow_again(server.base.clone(), Duration::ZERO));
+    // Demoted once the duplicate waits (blocked in `BEGIN ... WAIT`).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while blocked_clients(&mut conn).await != Some(1) {
+        assert!(Instant::now() < deadline, "the duplicate never blocked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(other.port)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let duplicate = duplicate.await.unwrap();
     assert_eq!(duplicate.status, 409, "{:?}", duplicate.body);
+    drop(original.await.unwrap());
     assert_eq!(calls.count(), 1, "the duplicate ran nothing");
 }
 
 /// The slow request with key `k` again, `after` the original was sent.
-async fn slow_again(base: &str, after: Duration) -> common::Reply {
+async fn slow_again(base: impl AsRef<str>, after: Duration) -> common::Reply {
     tokio::time::sleep(after).await;
-    common::post(base, "/slow", Some("k"), "{}").await
+    common::post(base.as_ref(), "/slow", Some("k"), "{}").await
+}
+
+/// `INFO clients`' `blocked_clients`.
+async fn blocked_clients(conn: &mut redis::aio::MultiplexedConnection) -> Option<i64> {
+    let text: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(conn)
+        .await
+        .unwrap();
+    idem_testkit::info::info_int(&text, "blocked_clients")
+}
+
+/// Returns once `key` is in progress (its handler runs); fails after 5 s.
+async fn in_progress(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while state_of(conn, key).await.as_deref() != Some("in_progress") {
+        assert!(Instant::now() < deadline, "{key} never went in progress");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[test]

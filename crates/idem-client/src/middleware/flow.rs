@@ -80,7 +80,7 @@ where
         }
         Ok(Outcome::Replay(stored)) => Ok(replay_response(stored)),
         Ok(Outcome::Mismatch) => Ok(Problem::Mismatch.into_response()),
-        Err(err) if err.is_unavailable() && config.fail_open => {
+        Err(err) if err.is_unreachable() && config.fail_open => {
             tracing::warn!(error = %err, "idempotency store unavailable; running the request unprotected (fail-open)");
             let response = inner.oneshot(request).await?;
             Ok(response.map(IdemBody::inner))

@@ -223,6 +223,10 @@ impl<C> IdempotencyLayer<C> {
 
     /// When Redis (or the mirror) is unreachable, run the handler without
     /// idempotency instead of answering 503 (default: false, fail closed).
+    /// "Unreachable" covers a node that does not answer in time or refuses
+    /// the connection, and one that is down for now (loading, read-only,
+    /// cluster down); a primary that answers but refuses writes
+    /// (`NOREPLICAS`, `MISCONF`) still gets 503.
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.config.fail_open = fail_open;
         self
@@ -230,7 +234,8 @@ impl<C> IdempotencyLayer<C> {
 
     /// How long storing a response is retried while Redis is unreachable
     /// (default: 60 s, longer than a typical restart or failover). The
-    /// response is sent after the first attempts (about 150 ms); the rest
+    /// response is sent after the first attempts (about 150 ms, or one call
+    /// timeout when an attempt waits it out); the rest
     /// goes on in the background, so that a retry gets the replay rather than
     /// running the handler again once Redis is back. Without the Postgres
     /// fence this narrows, but cannot close, the window for a second run: a

@@ -24,6 +24,8 @@ const STORE_AT_ONCE: Duration = Duration::from_millis(150);
 /// Pauses between attempts: the first, doubling up to the longest.
 const PAUSE_FIRST: Duration = Duration::from_millis(50);
 const PAUSE_MAX: Duration = Duration::from_millis(500);
+/// What a `store_retry` beyond the clock's range stands for.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// The key a request holds in Redis.
 pub(crate) struct Held<'a, C> {
@@ -139,8 +141,11 @@ where
                 token,
                 fingerprint: &fingerprint,
             };
-            let give_up = Instant::now() + config.store_retry;
-            match held.complete_until(token, &stored, Origin::Handler, give_up).await {
+            // The last attempt in the request may have landed: its fate is
+            // unknown. A `store_retry` too large for the clock is "for ever".
+            let now = Instant::now();
+            let give_up = now.checked_add(config.store_retry).unwrap_or(now + FOREVER);
+            match held.complete_until(token, &stored, Origin::Handler, give_up, true).await {
                 Ok(()) => tracing::info!(key, "the response is stored after Redis came back"),
                 Err(IdemError::Stale(_) | IdemError::NotFound(_)) => {
                     // Lost or taken over meanwhile: stored under a new token
@@ -168,22 +173,24 @@ where
         origin: Origin,
     ) -> Result<(), IdemError> {
         let give_up = Instant::now() + STORE_AT_ONCE;
-        self.complete_until(token, stored, origin, give_up).await
+        self.complete_until(token, stored, origin, give_up, false)
+            .await
     }
 
-    /// COMPLETE, retried while Redis is unreachable until `give_up`. After
-    /// an attempt whose fate is unknown (a timeout, a cut connection), a
-    /// `COMPLETED` is that attempt's own write: the module checks the token
-    /// first, and only this holder has it.
+    /// COMPLETE, retried while Redis is unavailable until `give_up`. After
+    /// an attempt whose fate is unknown (a timeout, a cut connection; also
+    /// one made before, when `uncertain`), a `COMPLETED` is that attempt's
+    /// own write: the module checks the token first, and only this holder
+    /// has it.
     async fn complete_until(
         &self,
         token: u64,
         stored: &StoredResponse,
         origin: Origin,
         give_up: Instant,
+        mut uncertain: bool,
     ) -> Result<(), IdemError> {
         let mut pause = PAUSE_FIRST;
-        let mut uncertain = false;
         loop {
             match self
                 .config
@@ -191,9 +198,10 @@ where
                 .complete(self.key, token, stored, origin)
                 .await
             {
-                Err(err) if err.is_unavailable() && Instant::now() + pause < give_up => {
+                Err(err) if err.is_unavailable() && Instant::now() < give_up => {
                     uncertain = true;
-                    tokio::time::sleep(pause).await;
+                    let left = give_up.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(pause.min(left)).await;
                     pause = (pause * 2).min(PAUSE_MAX);
                 }
                 Err(IdemError::Completed(_)) if uncertain => return Ok(()),
