@@ -240,7 +240,8 @@ impl<C> IdempotencyLayer<C> {
     /// running the handler again once Redis is back. Without the Postgres
     /// fence this narrows, but cannot close, the window for a second run: a
     /// retry that reaches a recovered Redis before the next attempt, after
-    /// the key's lease lapsed, takes the key over.
+    /// the key's lease lapsed, takes the key over. The retries are tasks of
+    /// this process, not capped, and gone when it stops.
     pub fn store_retry(mut self, retry_for: Duration) -> Self {
         self.config.store_retry = retry_for;
         self
