@@ -17,7 +17,7 @@ pub(crate) fn parse_begin(reply: Value) -> Result<Outcome, IdemError> {
         Taken::Packed(packed) => return unpack_shared(Bytes::from(packed)).map(Outcome::Replay),
         Taken::Other(frame) => frame,
     };
-    let outcome = match BeginReply::parse_owned(frame).map_err(unexpected)? {
+    let outcome = match BeginReply::parse_unpacked(frame).map_err(unexpected)? {
         BeginReply::New { token } => Outcome::New { token },
         BeginReply::InFlight { retry_after_ms } => Outcome::InFlight {
             retry_after: Duration::from_millis(retry_after_ms),
@@ -191,11 +191,11 @@ mod tests {
                 unreachable!()
             };
             let buffer = packed.as_ptr_range();
-            let got = parse_begin(reply.clone()).unwrap();
+            let got = parse_begin(reply).unwrap();
             assert_eq!(got, expected);
             // Read in place: the body and the header values point into the
             // buffer the reply arrived in.
-            let Outcome::Replay(got) = parse_begin(reply).unwrap() else {
+            let Outcome::Replay(got) = got else {
                 unreachable!()
             };
             let inside = |b: &Bytes| b.is_empty() || buffer.contains(&b.as_ptr());

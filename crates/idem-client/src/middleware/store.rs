@@ -60,6 +60,23 @@ where
     /// running the handler again.
     pub async fn store<B>(&self, stored: &StoredResponse) -> Override<B> {
         match self.complete(self.token, stored, Origin::Handler).await {
+            Err(err) if err.is_unavailable() => {
+                tracing::warn!(key = self.key, error = %err, "COMPLETE failed: the response is sent, storing it goes on in the background");
+                self.store_in_background(stored.clone());
+                None
+            }
+            result => self.settle(result, stored).await,
+        }
+    }
+
+    /// What a COMPLETE of the handler's response leaves the key with, in the
+    /// request or after retrying in the background.
+    async fn settle<B>(
+        &self,
+        result: Result<(), IdemError>,
+        stored: &StoredResponse,
+    ) -> Override<B> {
+        match result {
             Ok(()) => None,
             Err(IdemError::Stale(_)) => {
                 tracing::warn!(
@@ -76,8 +93,7 @@ where
                 self.answer_again(stored).await
             }
             Err(err) if err.is_unavailable() => {
-                tracing::warn!(key = self.key, error = %err, "COMPLETE failed: the response is sent, storing it goes on in the background");
-                self.store_in_background(stored.clone());
+                tracing::error!(key = self.key, error = %err, "gave up storing the response: a retry after the key's lease lapses runs the handler again");
                 None
             }
             Err(err) => {
@@ -145,23 +161,15 @@ where
             // unknown. A `store_retry` too large for the clock is "for ever".
             let now = Instant::now();
             let give_up = now.checked_add(config.store_retry).unwrap_or(now + FOREVER);
-            match held.complete_until(token, &stored, Origin::Handler, give_up, true).await {
-                Ok(()) => tracing::info!(key, "the response is stored after Redis came back"),
-                Err(IdemError::Stale(_) | IdemError::NotFound(_)) => {
-                    // Lost or taken over meanwhile: stored under a new token
-                    // when nobody holds the key (the client has its answer).
-                    let _: Override<()> = held.answer_again(&stored).await;
-                }
-                Err(err) if err.is_unavailable() => tracing::error!(
-                    key,
-                    error = %err,
-                    "gave up storing the response: a retry after the key's lease lapses runs the handler again"
-                ),
-                Err(err) => {
-                    tracing::error!(key, error = %err, "COMPLETE refused: the response is sent but not stored; key released");
-                    held.release().await;
-                }
+            let result = held
+                .complete_until(token, &stored, Origin::Handler, give_up, true)
+                .await;
+            if result.is_ok() {
+                tracing::info!(key, "the response is stored after Redis came back");
             }
+            // Lost or taken over meanwhile, it is stored under a new token
+            // when nobody holds the key; the client has its answer already.
+            let _: Override<()> = held.settle(result, &stored).await;
         }));
     }
 

@@ -92,10 +92,18 @@ impl Begin<'_> {
 impl BeginReply {
     /// As `parse`, but a replayed body is moved out of the frame, not copied.
     pub fn parse_owned(frame: Frame) -> Result<BeginReply, WireError> {
-        let mut items = match BeginReply::take_packed(frame)? {
-            Taken::Packed(packed) => return unpack(packed).map(BeginReply::Replay),
-            Taken::Other(Frame::Array(items)) if is_replay(&items) && items.len() == 4 => items,
-            Taken::Other(frame) => return BeginReply::parse(&frame),
+        match BeginReply::take_packed(frame)? {
+            Taken::Packed(packed) => unpack(packed).map(BeginReply::Replay),
+            Taken::Other(frame) => BeginReply::parse_unpacked(frame),
+        }
+    }
+
+    /// `parse_owned` of what `take_packed` gave back (any reply but a packed
+    /// replay).
+    pub fn parse_unpacked(frame: Frame) -> Result<BeginReply, WireError> {
+        let mut items = match frame {
+            Frame::Array(items) if is_replay(&items) && items.len() == 4 => items,
+            frame => return BeginReply::parse(&frame),
         };
         let status = read_status(&items[1])?;
         let headers = read_headers(&items[3])?;
