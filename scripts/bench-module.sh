@@ -34,10 +34,9 @@
 # handler (`setCommand`, `getCommand`, or `RedisModuleCommandDispatcher`:
 # what commandstats times) divided by the calls. Repeatable to a few
 # instructions on a busy machine. The module's SHA-256 runs its portable
-# code under valgrind (no SHA extensions), so a BEGIN that hashes (a new
-# key: its replicated record carries the digest) carries ~3,600
-# instructions that SHA-NI hardware does in a few hundred cycles; with the
-# 32-byte fingerprint used here, replay, in-flight and mismatch hash nothing.
+# code under valgrind (no SHA extensions, ~3,600 instructions for what
+# SHA-NI hardware does in a few hundred cycles); with the 32-byte
+# fingerprint used here no phase hashes (effects carry it as sent).
 #
 # The server has no replica and no AOF, so idem builds no effects
 # (src/consumers.rs) and `SET` propagates nothing either. EFFECTS=consumed

@@ -1,8 +1,10 @@
 //! Deterministic replication: the primary decides, then propagates the
 //! resulting record (with absolute times) as `IDEM._PUT key blob`, or a
-//! `DEL`. Replicas and AOF replay apply effects without deciding anything.
-//! On a node nothing consumes effects from (`consumers`) none is built; the
-//! change is only counted towards the `save` points.
+//! `DEL`; the blob keeps a fingerprint in the form held (`codec`, v2), so
+//! building an effect hashes nothing. Replicas and AOF replay apply effects
+//! without deciding anything. On a node nothing consumes effects from
+//! (`consumers`) none is built; the change is only counted towards the
+//! `save` points.
 
 use idem_core::args::name;
 use idem_core::{codec, Error, Record};
@@ -31,7 +33,7 @@ pub fn replicate_put_always(ctx: Ctx, key: Name, record: &Record) {
     static BUFFER: Shared<Vec<u8>> = Shared::new(Vec::new());
     let mut blob = BUFFER.lock();
     blob.clear();
-    codec::encode_into(record, &mut blob);
+    codec::encode_effect_into(record, &mut blob);
     ctx.replicate_key_blob(name::PUT_C, key, &blob);
     if blob.capacity() > 64 * 1024 {
         *blob = Vec::new(); // do not keep a large body's buffer around

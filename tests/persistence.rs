@@ -156,6 +156,13 @@ fn aof_without_rewrite_and_restart() {
     assert_eq!(touch(&mut c, "inprog2", t, 600_000), 600_000);
     let touched = get_rec(&mut c, "inprog2");
     let before = snapshot(&mut c);
+    // The log's effects carry the 32-byte fingerprint as sent (codec v2: no
+    // hashing on the write path), never its digest.
+    let log = aof_bytes(&s.dir);
+    let sent = [&[2u8][..], FP32.as_bytes()].concat();
+    let digest = idem_core::fingerprint::sha256(FP32.as_bytes());
+    assert!(contains(&log, &sent), "no v2 effect with the sent bytes");
+    assert!(!contains(&log, &digest), "the log holds the digest");
     // Replaying later must not re-decide: wait so the clock differs.
     sleep_ms(50);
     s.kill();
@@ -165,6 +172,23 @@ fn aof_without_rewrite_and_restart() {
     assert_eq!(get(&mut c, "aborted"), None);
     assert_eq!(get_rec(&mut c, "inprog2"), touched);
     still_works(&mut c, &before);
+}
+
+/// Every file of the AOF (Redis 7's `appendonlydir`), concatenated.
+fn aof_bytes(dir: &std::path::Path) -> Vec<u8> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("appendonlydir"))
+        .expect("appendonlydir")
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| std::fs::read(f).unwrap())
+        .collect()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn aof_rewrite_restart(preamble: &str) {

@@ -10,8 +10,9 @@ use idem_testkit::{eventually, RedisConfig, RedisServer};
 use redis::{Connection, Value};
 use std::time::Duration;
 
-/// 32 bytes, as idem-client sends: the primary keeps it as sent, the replica
-/// receives its SHA-256 (`idem_core::Fingerprint`).
+/// 32 bytes, as idem-client sends: the primary keeps it as sent, and so does
+/// a replica that receives it in an effect; one that receives it in a full
+/// sync (RDB) holds its SHA-256 (`idem_core::Fingerprint`).
 const FP32: &str = "0123456789abcdef0123456789abcdef";
 const OTHER32: &str = "fedcba9876543210fedcba9876543210";
 
@@ -140,6 +141,7 @@ fn full_sync_carries_existing_records() {
     let primary = RedisServer::start();
     let mut p = primary.conn();
     let t = completed(&mut p, "done", "fp", 3600, b"before the replica");
+    completed(&mut p, "done32", FP32, 3600, b"synced32");
     begin_lease(&mut p, "held", "fp", 3600, 600_000).token();
     let tm = begin(&mut p, "mirrored", "fp", 3600).token();
     complete_mirrored(&mut p, "mirrored", tm, 200, b"pg");
@@ -154,6 +156,18 @@ fn full_sync_carries_existing_records() {
         &["done", "held", "mirrored", "bulk:0", "bulk:499"],
     );
     assert_eq!(get_rec(&mut r, "done").token, t);
+
+    // Promoted, the replica answers the fingerprint it got as a digest.
+    assert_eq!(ok(&mut r, &["REPLICAOF", "NO", "ONE"]), Value::Okay);
+    assert_eq!(
+        begin(&mut r, "done32", FP32, 60),
+        Outcome::Replay {
+            status: 200,
+            body: b"synced32".to_vec(),
+            headers: vec![]
+        }
+    );
+    assert_eq!(begin(&mut r, "done32", OTHER32, 60), Outcome::Mismatch);
 }
 
 #[test]
@@ -230,8 +244,8 @@ fn promoted_replica_keeps_working() {
             headers: vec![]
         }
     );
-    // The replica holds the digest of a 32-byte fingerprint; the same bytes
-    // still replay, other bytes of that length still mismatch.
+    // The replica holds a 32-byte fingerprint as sent, from the effect; the
+    // same bytes replay, other bytes of that length mismatch.
     assert_eq!(
         begin(&mut r, "done32", FP32, 60),
         Outcome::Replay {

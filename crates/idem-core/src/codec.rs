@@ -9,19 +9,42 @@
 //! for state 0 (in progress) `lease_until:u64`, for state 1 (completed)
 //! `status:u16 body headers:u64 (name value)* completed_at:u64 mirror:u32`
 //! (0 pending, 1 mirrored).
+//!
+//! v2 (`FORMAT_SENT`): v1's layout, but the fingerprint field holds the 32
+//! bytes the client sent, not their SHA-256 (`Fingerprint::Sent`). Only
+//! replication effects use it (`encode_effect_into`), so a write on a
+//! primary with replicas or an AOF hashes nothing; RDB, DUMP, an AOF
+//! rewrite and DEBUG DIGEST always write v1, the digest.
 use crate::{Completed, Error, Fingerprint, Header, MirrorState, Record, State};
 
-/// Format byte of the current encoding.
+/// Format byte of an encoding whose fingerprint is the digest.
 pub const FORMAT_V1: u8 = 1;
+/// Format byte of an encoding whose fingerprint is the 32 bytes sent.
+pub const FORMAT_SENT: u8 = 2;
 
+/// The v1 encoding of `record` (its fingerprint as the digest).
 pub fn encode(record: &Record) -> Vec<u8> {
     let mut out = Vec::new();
     encode_into(record, &mut out);
     out
 }
 
-/// Appends the encoding of `record` to `out`.
+/// Appends the v1 encoding of `record` to `out`.
 pub fn encode_into(record: &Record, out: &mut Vec<u8>) {
+    encode_fields(record, FORMAT_V1, &record.fingerprint.digest(), out);
+}
+
+/// Appends the encoding of `record` with its fingerprint in the form it is
+/// held in (v2 for one kept as sent, else v1): what an effect carries, so
+/// building it hashes nothing. The receiving node decodes the same form.
+pub fn encode_effect_into(record: &Record, out: &mut Vec<u8>) {
+    match &record.fingerprint {
+        Fingerprint::Sent(bytes) => encode_fields(record, FORMAT_SENT, bytes, out),
+        Fingerprint::Digest(digest) => encode_fields(record, FORMAT_V1, digest, out),
+    }
+}
+
+fn encode_fields(record: &Record, format: u8, fingerprint: &[u8; 32], out: &mut Vec<u8>) {
     fn u64_le(out: &mut Vec<u8>, v: u64) {
         out.extend_from_slice(&v.to_le_bytes());
     }
@@ -30,8 +53,8 @@ pub fn encode_into(record: &Record, out: &mut Vec<u8>) {
         out.extend_from_slice(b);
     }
     out.reserve(96 + record.memory_usage());
-    out.push(FORMAT_V1);
-    out.extend_from_slice(&record.fingerprint.digest());
+    out.push(format);
+    out.extend_from_slice(fingerprint);
     u64_le(out, record.token);
     u64_le(out, record.created_at);
     u64_le(out, record.expires_at);
@@ -62,25 +85,29 @@ pub fn encode_into(record: &Record, out: &mut Vec<u8>) {
 /// Decodes and validates (`Record::validate`) a record: everything decoded
 /// comes from outside (RDB, RESTORE, AOF, replication).
 pub fn decode(bytes: &[u8]) -> Result<Record, Error> {
-    match bytes.split_first() {
-        Some((&FORMAT_V1, rest)) => {
-            let record = decode_v1(rest)
-                .map_err(|why| Error::Corrupt(format!("idem record v1 does not decode: {why}")))?;
-            record.validate()?;
-            Ok(record)
+    let (form, rest): (fn([u8; 32]) -> Fingerprint, _) = match bytes.split_first() {
+        Some((&FORMAT_V1, rest)) => (Fingerprint::Digest, rest),
+        Some((&FORMAT_SENT, rest)) => (Fingerprint::Sent, rest),
+        Some((v, _)) => {
+            return Err(Error::Corrupt(format!(
+                "idem record format {v} is newer than this module"
+            )))
         }
-        Some((v, _)) => Err(Error::Corrupt(format!(
-            "idem record format {v} is newer than this module"
-        ))),
-        None => Err(Error::Corrupt("empty idem record".into())),
-    }
+        None => return Err(Error::Corrupt("empty idem record".into())),
+    };
+    let record = decode_fields(rest, form).map_err(|why| {
+        Error::Corrupt(format!("idem record v{} does not decode: {why}", bytes[0]))
+    })?;
+    record.validate()?;
+    Ok(record)
 }
 
-/// The v1 fields after the format byte: every read is bounds-checked, no
-/// length may claim more bytes than remain, and no byte may be left over.
-fn decode_v1(bytes: &[u8]) -> Result<Record, String> {
+/// The fields after the format byte, the fingerprint in the format's `form`:
+/// every read is bounds-checked, no length may claim more bytes than remain,
+/// and no byte may be left over.
+fn decode_fields(bytes: &[u8], form: fn([u8; 32]) -> Fingerprint) -> Result<Record, String> {
     let mut r = Reader { rest: bytes };
-    let fingerprint = Fingerprint::Digest(*r.array::<32>("fingerprint")?);
+    let fingerprint = form(*r.array::<32>("fingerprint")?);
     let token = r.u64("token")?;
     let created_at = r.u64("created_at")?;
     let expires_at = r.u64("expires_at")?;
@@ -337,9 +364,61 @@ ffffff1f000a000000000000001400000000000000010000005702000000000000000000\
         }
     }
 
+    /// An effect carries a fingerprint kept as sent as v2 (no hashing), the
+    /// receiver holds the same form; one held as a digest stays v1.
+    #[test]
+    fn effects_carry_the_form_held() {
+        let sent = Record {
+            fingerprint: Fingerprint::Sent([9; 32]),
+            token: 7,
+            created_at: 1,
+            expires_at: crate::record::NO_EXPIRY,
+            state: State::InProgress { lease_until: 5 },
+        };
+        let mut effect = Vec::new();
+        encode_effect_into(&sent, &mut effect);
+        // v1's frozen in-progress case above, with format byte 2.
+        assert_eq!(
+            hex::encode(&effect),
+            "020909090909090909090909090909090909090909090909090909090909090909070000\
+00000000000100000000000000ffffffffffffffff000000000500000000000000"
+        );
+        let decoded = decode(&effect).unwrap();
+        assert!(matches!(decoded.fingerprint, Fingerprint::Sent(b) if b == [9; 32]));
+        assert_eq!(decoded, sent);
+        // Written out for good (RDB, DUMP, DEBUG DIGEST): v1, the digest.
+        let v1 = encode(&sent);
+        assert_eq!(v1[0], FORMAT_V1);
+        assert_eq!(v1[1..33], crate::fingerprint::sha256(&[9; 32]));
+        assert_eq!(v1[33..], effect[33..]);
+
+        let digest = Record {
+            fingerprint: Fingerprint::Digest([9; 32]),
+            ..sent
+        };
+        let mut effect = Vec::new();
+        encode_effect_into(&digest, &mut effect);
+        assert_eq!(effect, encode(&digest));
+    }
+
+    proptest! {
+        #[test]
+        fn effects_round_trip_in_their_form(r in arb_valid_record()) {
+            let mut effect = Vec::new();
+            encode_effect_into(&r, &mut effect);
+            let decoded = decode(&effect).unwrap();
+            prop_assert_eq!(
+                std::mem::discriminant(&decoded.fingerprint),
+                std::mem::discriminant(&r.fingerprint)
+            );
+            prop_assert_eq!(decoded, r);
+        }
+    }
+
     #[test]
     fn unknown_format_is_refused() {
         assert!(matches!(decode(&[9, 0, 0]), Err(Error::Corrupt(_))));
+        assert!(matches!(decode(&[3, 0, 0]), Err(Error::Corrupt(_))));
         assert!(matches!(decode(&[]), Err(Error::Corrupt(_))));
     }
 }

@@ -1,10 +1,12 @@
 //! A request fingerprint as a record keeps it.
 //!
-//! Everything that leaves the module (RDB, DUMP, replication, `IDEM.GET`, the
-//! mirror, Postgres) carries SHA-256 of the bytes the client sent. In memory a
-//! fingerprint of exactly 32 bytes (what idem-client sends: a SHA-256 digest
-//! of its own) is kept as sent and hashed only when written out, so a replay,
-//! an in-flight answer or a mismatch hashes nothing. Two fingerprints compare
+//! What the module writes out for good or shows (RDB, DUMP, an AOF rewrite,
+//! `IDEM.GET`, the mirror, Postgres) carries SHA-256 of the bytes the client
+//! sent. In memory a fingerprint of exactly 32 bytes (what idem-client sends:
+//! a SHA-256 digest of its own) is kept as sent and hashed only when written
+//! out, so a replay, an in-flight answer or a mismatch hashes nothing; a
+//! replication effect carries it as sent too (`codec`, v2), so a write
+//! hashes nothing either. Two fingerprints compare
 //! equal exactly when the bytes sent were equal, whichever form each is in.
 
 use sha2::{Digest, Sha256};
