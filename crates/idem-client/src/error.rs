@@ -49,7 +49,9 @@ pub enum IdemError {
     /// on it: the keys are all there, a retry may be one already answered.
     #[error("redis refuses writes for now: {0}")]
     WritesRefused(String),
-    /// Any other Redis error (an unknown error code, authentication, ...).
+    /// Any other Redis error (an unknown error code, refused credentials:
+    /// redis-rs' `AuthenticationFailed`, `WRONGPASS`, `NOAUTH`, ...): 500,
+    /// and never `fail_open`.
     #[error("redis error: {0}")]
     Redis(redis::RedisError),
     /// The module answered something this client does not understand.
@@ -149,6 +151,11 @@ impl From<tokio_postgres::Error> for IdemError {
 
 fn is_unavailability(err: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
+    // The server refused the credentials: a configuration error, never an
+    // outage (`fail_open` must not run every request on it).
+    if err.kind() == ErrorKind::AuthenticationFailed {
+        return false;
+    }
     err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()
@@ -244,6 +251,22 @@ mod tests {
         }
         let other = IdemError::from(server_error("ERR", "unknown command"));
         assert!(!other.is_unavailable(), "{other:?}");
+    }
+
+    #[test]
+    fn refused_credentials_are_not_unavailability() {
+        let auth = redis::RedisError::from((
+            redis::ErrorKind::AuthenticationFailed,
+            "refused",
+            "WRONGPASS".to_owned(),
+        ));
+        let err = IdemError::from(auth);
+        assert!(matches!(err, IdemError::Redis(_)), "{err:?}");
+        assert!(!err.is_unavailable() && !err.is_unreachable());
+        for code in ["WRONGPASS", "NOAUTH"] {
+            let err = IdemError::from(server_error(code, "credentials"));
+            assert!(!err.is_unavailable(), "{code}: {err:?}");
+        }
     }
 
     #[test]

@@ -521,6 +521,55 @@ async fn a_waiter_unblocked_by_a_demotion_answers_in_flight() {
     assert_eq!(calls.count(), 1, "the duplicate ran nothing");
 }
 
+/// Credentials the server refuses are a configuration error, not an outage:
+/// even under `fail_open` no handler runs unprotected on them (500). The
+/// password changes on the server, the client's connection is cut, and its
+/// reconnect is refused (`WRONGPASS`); that was taken for Redis being down,
+/// so every request ran unprotected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_never_run_a_handler_unprotected() {
+    let redis = RedisServer::start();
+    let mut admin = redis.async_conn().await;
+    let config_set =
+        |name: &str, value: &str| redis::cmd("CONFIG").arg("SET").arg(name).arg(value).clone();
+    let () = config_set("requirepass", "first")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://:first@127.0.0.1:{}", redis.port);
+    let client = IdemClient::standalone(redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    let layer = IdempotencyLayer::new(client).fail_open(true);
+    let calls = Calls::default();
+    let server = Server::start(routes(calls.clone()).layer(layer)).await;
+    let first = common::post(&server.base, "/ok", Some("a"), "{}").await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+
+    // The password changes; the client's connection is cut and its
+    // reconnect carries the old one.
+    let () = config_set("requirepass", "second")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // The client sees its connection closed at once; let it notice.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for key in ["b", "c"] {
+        let refused = common::post(&server.base, "/ok", Some(key), "{}").await;
+        assert_eq!(refused.status, 500, "{key}: {:?}", refused.body);
+    }
+    assert_eq!(calls.count(), 1, "a handler ran unprotected");
+}
+
 /// The slow request with key `k` again, `after` the original was sent.
 async fn slow_again(base: impl AsRef<str>, after: Duration) -> common::Reply {
     tokio::time::sleep(after).await;

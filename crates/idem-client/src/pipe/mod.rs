@@ -91,6 +91,9 @@ struct State {
     retry_at: Option<Instant>,
     retry_delay: Duration,
     last_error: String,
+    /// The last connect's failure was the server refusing this client's
+    /// credentials: calls fail as `refused` says, not as an outage.
+    refused: bool,
     /// Numbers each connection, so a task of an old one changes nothing.
     generation: u64,
 }
@@ -149,6 +152,7 @@ impl Pipe {
                 retry_at: None,
                 retry_delay: RETRY_FIRST,
                 last_error: String::new(),
+                refused: false,
                 generation: 0,
             }),
         });
@@ -191,7 +195,7 @@ impl Pipe {
             Link::Down => {
                 if state.retry_at.is_some_and(|at| Instant::now() < at) {
                     let detail = format!("reconnecting after: {}", state.last_error);
-                    return Err(io_error(io::ErrorKind::ConnectionRefused, &detail));
+                    return Err(connect_error(state.refused, &detail));
                 }
                 let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                     let detail = "reconnecting needs a Tokio runtime";
@@ -291,13 +295,14 @@ impl Shared {
         guard.0 = None;
         match result {
             Ok(stream) => self.up(stream),
-            Err(err) => self.connect_failed(io::ErrorKind::ConnectionRefused, &err.to_string()),
+            Err(err) => self.connect_failed(err.kind() == REFUSED, &err.to_string()),
         }
     }
 
     /// A connect failed: the calls queued for it fail, and none is tried
     /// again before a delay that doubles with each failure.
-    fn connect_failed(&self, kind: io::ErrorKind, detail: &str) {
+    /// `refused`: the server refused the connection's credentials.
+    fn connect_failed(&self, refused: bool, detail: &str) {
         let mut state = self.lock();
         if !matches!(state.link, Link::Connecting) {
             return;
@@ -306,7 +311,8 @@ impl Shared {
         state.retry_at = Some(Instant::now() + state.retry_delay);
         state.retry_delay = (state.retry_delay * 2).min(RETRY_MAX);
         state.last_error = detail.to_owned();
-        fail_all(&mut state, kind, detail);
+        state.refused = refused;
+        fail_all_with(&mut state, || connect_error(refused, detail));
     }
 
     /// A fresh connection goes live: its writer and reader start, and what
@@ -482,16 +488,42 @@ impl State {
 
 /// Fails every queued and unanswered call.
 fn fail_all(state: &mut State, kind: io::ErrorKind, detail: &str) {
+    fail_all_with(state, || io_error(kind, detail));
+}
+
+fn fail_all_with(state: &mut State, error: impl Fn() -> redis::RedisError) {
     state.out.clear();
     state.queued = 0;
     state.written = 0;
     for reply in state.waiting.drain(..) {
-        let _ = reply.send(Err(io_error(kind, detail)));
+        let _ = reply.send(Err(error()));
     }
 }
 
 fn io_error(kind: io::ErrorKind, detail: &str) -> redis::RedisError {
     io::Error::new(kind, detail.to_owned()).into()
+}
+
+/// The I/O error kind of a connect whose credentials the server refused
+/// (`handshake`); any other failed connect is an outage.
+const REFUSED: io::ErrorKind = io::ErrorKind::PermissionDenied;
+
+/// What a call gets while the link is down after a failed connect: the
+/// server refusing the credentials is redis-rs' `AuthenticationFailed` (a
+/// configuration error, `IdemError::Redis`), anything else a refused
+/// connection (an outage, `IdemError::Unavailable`).
+fn connect_error(refused: bool, detail: &str) -> redis::RedisError {
+    if refused {
+        let what = "the server refused the connection's credentials";
+        (
+            redis::ErrorKind::AuthenticationFailed,
+            what,
+            detail.to_owned(),
+        )
+            .into()
+    } else {
+        io_error(io::ErrorKind::ConnectionRefused, detail)
+    }
 }
 
 fn dropped() -> redis::RedisError {
@@ -519,7 +551,7 @@ struct ConnectGuard(Option<Arc<Shared>>);
 impl Drop for ConnectGuard {
     fn drop(&mut self) {
         if let Some(shared) = &self.0 {
-            shared.connect_failed(io::ErrorKind::NotConnected, "the connect's task stopped");
+            shared.connect_failed(false, "the connect's task stopped");
         }
     }
 }
@@ -576,9 +608,10 @@ async fn open(info: &redis::ConnectionInfo) -> io::Result<Stream> {
     // clients, protected mode) says so before the connection counts as up.
     redis::cmd("PING").write_packed_command(&mut setup);
     replies += 1;
+    let authenticates = settings.password().is_some();
     match &mut stream {
-        Stream::Tcp(s) => handshake(s, &setup, replies).await?,
-        Stream::Unix(s) => handshake(s, &setup, replies).await?,
+        Stream::Tcp(s) => handshake(s, &setup, replies, authenticates).await?,
+        Stream::Unix(s) => handshake(s, &setup, replies, authenticates).await?,
     }
     Ok(stream)
 }
@@ -599,12 +632,19 @@ fn apply_tcp_settings(stream: &tokio::net::TcpStream, settings: &TcpSettings) ->
 }
 
 /// Writes the setup commands and checks that each answered OK (PONG).
-async fn handshake<S>(stream: &mut S, setup: &[u8], mut replies: usize) -> io::Result<()>
+async fn handshake<S>(
+    stream: &mut S,
+    setup: &[u8],
+    mut replies: usize,
+    authenticates: bool,
+) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     stream.write_all(setup).await?;
     let mut buf = bytes::BytesMut::with_capacity(512);
+    // AUTH, when sent, is the first command: its refusal is the credentials'.
+    let mut auth = authenticates;
     while replies > 0 {
         if stream.read_buf(&mut buf).await? == 0 {
             let detail = "the server closed the connection during setup";
@@ -616,12 +656,23 @@ where
             let Some((value, used)) = parsed else { break };
             let _ = buf.split_to(used);
             replies -= 1;
+            let answers_auth = std::mem::take(&mut auth);
             match value {
                 Value::Okay => {}
                 Value::SimpleString(pong) if pong == "PONG" && replies == 0 => {}
+                // The credentials: AUTH refused, or a command refused for
+                // want of them (NOAUTH) or of their rights (NOPERM).
+                Value::ServerError(err)
+                    if answers_auth || matches!(err.code(), "WRONGPASS" | "NOAUTH" | "NOPERM") =>
+                {
+                    let detail = format!("connection setup refused: {err}");
+                    return Err(io::Error::new(REFUSED, detail));
+                }
+                // Anything else (max clients, protected mode) is the server
+                // not taking this connection now.
                 Value::ServerError(err) => {
                     let detail = format!("connection setup refused: {err}");
-                    return Err(io::Error::new(io::ErrorKind::PermissionDenied, detail));
+                    return Err(io::Error::new(io::ErrorKind::ConnectionRefused, detail));
                 }
                 other => {
                     let detail = format!("connection setup answered {other:?}");
