@@ -36,7 +36,8 @@
 # instructions on a busy machine. The module's SHA-256 runs its portable
 # code under valgrind (no SHA extensions, ~3,600 instructions for what
 # SHA-NI hardware does in a few hundred cycles); with the 32-byte
-# fingerprint used here no phase hashes (effects carry it as sent).
+# fingerprint used here no phase hashes (effects carry it as sent, with
+# EFFECT_FORMAT=2, the default here).
 #
 # The server has no replica and no AOF, so idem builds no effects
 # (src/consumers.rs) and `SET` propagates nothing either. EFFECTS=consumed
@@ -62,6 +63,9 @@ CLIENTS=${CLIENTS:-50}
 PIPELINE=${PIPELINE:-16}
 ROUNDS=${ROUNDS:-5}
 REPLAY_KEYS=${REPLAY_KEYS:-100000}
+# The module's effect-format (README, Configs): 2, as on a deployment whose
+# nodes all run this version; 1 is the default for rolling upgrades.
+EFFECT_FORMAT=${EFFECT_FORMAT:-2}
 MEM_RECORDS=${MEM_RECORDS:-100000}
 FRESH_KEYSPACE=1000000000 # -r: keys drawn from 10^9, so repeats are rare
 TTL=3600
@@ -98,7 +102,7 @@ UNDER=()
     UNDER=(valgrind --tool=callgrind --dump-instr=no --callgrind-out-file="$WORK/cg.out")
 "${UNDER[@]}" redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no \
     --dir "$WORK" --logfile "$WORK/redis.log" \
-    --loadmodule "$MODULE" >/dev/null 2>&1 &
+    --loadmodule "$MODULE" effect-format "$EFFECT_FORMAT" >/dev/null 2>&1 &
 SERVER_PID=$!
 
 cli() { redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
@@ -559,7 +563,7 @@ echo "  BEGIN new ${U_BEGIN[*]} | SET NX ${U_SET[*]}"
 echo "  replay ${U_REPLAY[*]} | four-field ${U_REPLAY_FIELDS[*]} | in-flight ${U_INFLIGHT[*]} | mismatch ${U_MISMATCH[*]} | GET ${U_GET[*]}"
 echo "  COMPLETE ${U_COMPLETE[*]} | SET EX ${U_SETBODY[*]} | wake ${U_WAKE[*]} | no wake ${U_NOWAKE[*]}"
 echo "requests: $REQUESTS per phase ($LUA_REQUESTS for Lua), fingerprint: 32 B, keys: 36 B (memory), body: 256 B," \
-    "$MEM_RECORDS records per memory variant, effects: $EFFECTS"
+    "$MEM_RECORDS records per memory variant, effects: $EFFECTS (format $EFFECT_FORMAT)"
 
 if [[ $FAILED == 1 ]]; then
     echo "some targets missed" >&2

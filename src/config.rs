@@ -9,11 +9,15 @@ pub const LEASE_MS_DEFAULT: i64 = Limits::DEFAULT.default_lease_ms as i64;
 pub const MAX_TTL_DEFAULT: i64 = Limits::DEFAULT.max_ttl_secs as i64;
 pub const MAX_BODY_BYTES_DEFAULT: i64 = Limits::DEFAULT.max_body_bytes as i64;
 pub const MIRROR_CLAIM_MS_DEFAULT: i64 = 30_000;
+/// Record format of replication effects: 1 (every module version reads it)
+/// until every node runs a module that reads format 2 (`codec`).
+pub const EFFECT_FORMAT_DEFAULT: i64 = 1;
 
 pub static LEASE_MS: AtomicI64 = AtomicI64::new(LEASE_MS_DEFAULT);
 pub static MAX_TTL: AtomicI64 = AtomicI64::new(MAX_TTL_DEFAULT);
 pub static MAX_BODY_BYTES: AtomicI64 = AtomicI64::new(MAX_BODY_BYTES_DEFAULT);
 pub static MIRROR_CLAIM_MS: AtomicI64 = AtomicI64::new(MIRROR_CLAIM_MS_DEFAULT);
+pub static EFFECT_FORMAT: AtomicI64 = AtomicI64::new(EFFECT_FORMAT_DEFAULT);
 
 /// Upper bound of the millisecond configs: one year.
 pub const MAX_MS: i64 = 366 * 24 * 3600 * 1000;
@@ -26,6 +30,7 @@ pub const RANGES: &[(&str, i64, i64)] = &[
     ("max-ttl", 1, MAX_TTL_LIMIT),
     ("max-body-bytes", 0, MAX_BODY_LIMIT),
     ("mirror-claim-ms", 1, MAX_MS),
+    ("effect-format", 1, 2),
 ];
 
 /// Upper bound of `max-body-bytes`: what a record may hold at all.
@@ -67,4 +72,9 @@ pub fn limits() -> Limits {
 
 pub fn mirror_claim_ms() -> u64 {
     get(&MIRROR_CLAIM_MS)
+}
+
+/// Whether effects carry a 32-byte fingerprint as sent (`effect-format 2`).
+pub fn effects_keep_sent() -> bool {
+    EFFECT_FORMAT.load(Ordering::Relaxed) == 2
 }

@@ -1,10 +1,11 @@
 //! Deterministic replication: the primary decides, then propagates the
 //! resulting record (with absolute times) as `IDEM._PUT key blob`, or a
-//! `DEL`; the blob keeps a fingerprint in the form held (`codec`, v2), so
-//! building an effect hashes nothing. Replicas and AOF replay apply effects
-//! without deciding anything. On a node nothing consumes effects from
-//! (`consumers`) none is built; the change is only counted towards the
-//! `save` points.
+//! `DEL`; with `effect-format 2` the blob keeps a fingerprint in the form
+//! held (`codec`, v2), so building an effect hashes nothing (format 1, the
+//! default, carries the digest every module version reads). Replicas and
+//! AOF replay apply effects without deciding anything. On a node nothing
+//! consumes effects from (`consumers`) none is built; the change is only
+//! counted towards the `save` points.
 
 use idem_core::args::name;
 use idem_core::{codec, Error, Record};
@@ -12,7 +13,7 @@ use idem_core::{codec, Error, Record};
 use crate::ffi::call::Call;
 use crate::ffi::ctx::{now_ms, Ctx, Name};
 use crate::ffi::key::Key;
-use crate::{consumers, mirror, stats, Shared, TOKENS};
+use crate::{config, consumers, mirror, stats, Shared, TOKENS};
 
 /// Propagates `record`, the new value of the running command's key, to
 /// replicas and the AOF.
@@ -33,7 +34,11 @@ pub fn replicate_put_always(ctx: Ctx, key: Name, record: &Record) {
     static BUFFER: Shared<Vec<u8>> = Shared::new(Vec::new());
     let mut blob = BUFFER.lock();
     blob.clear();
-    codec::encode_effect_into(record, &mut blob);
+    if config::effects_keep_sent() {
+        codec::encode_effect_into(record, &mut blob);
+    } else {
+        codec::encode_into(record, &mut blob);
+    }
     ctx.replicate_key_blob(name::PUT_C, key, &blob);
     if blob.capacity() > 64 * 1024 {
         *blob = Vec::new(); // do not keep a large body's buffer around

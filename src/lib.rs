@@ -26,7 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use idem_core::token::TokenClock;
 
-use config::{LEASE_MS, MAX_BODY_BYTES, MAX_TTL, MIRROR_CLAIM_MS};
+use config::{EFFECT_FORMAT, LEASE_MS, MAX_BODY_BYTES, MAX_TTL, MIRROR_CLAIM_MS};
 use datatype::IDEM_TYPE;
 use ffi::ctx::{log_warning, Ctx};
 
@@ -91,6 +91,7 @@ redis_module! {
             ["max-ttl", &MAX_TTL, config::MAX_TTL_DEFAULT, 1, config::MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["max-body-bytes", &MAX_BODY_BYTES, config::MAX_BODY_BYTES_DEFAULT, 0, config::MAX_BODY_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["mirror-claim-ms", &MIRROR_CLAIM_MS, config::MIRROR_CLAIM_MS_DEFAULT, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
+            ["effect-format", &EFFECT_FORMAT, config::EFFECT_FORMAT_DEFAULT, 1, 2, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [],

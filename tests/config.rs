@@ -1,6 +1,6 @@
 //! Configs: defaults, module arguments at load, CONFIG GET/SET of
-//! idem.lease-ms, idem.max-ttl, idem.max-body-bytes, idem.mirror-claim-ms and
-//! their effect on the commands; invalid values are refused (at load, the
+//! idem.lease-ms, idem.max-ttl, idem.max-body-bytes, idem.mirror-claim-ms,
+//! idem.effect-format and their effect on the commands; invalid values are refused (at load, the
 //! server does not start; at runtime, the old value stays).
 
 mod common;
@@ -49,6 +49,7 @@ fn defaults() {
             ("idem.max-ttl", "2592000"),
             ("idem.max-body-bytes", "1048576"),
             ("idem.mirror-claim-ms", "30000"),
+            ("idem.effect-format", "1"),
         ])
     );
 }
@@ -60,6 +61,7 @@ fn module_arguments_at_load_and_their_effect() {
         .module_arg("max-ttl", "86400")
         .module_arg("max-body-bytes", "1000")
         .module_arg("mirror-claim-ms", "800")
+        .module_arg("effect-format", "2")
         .start();
     let mut c = s.conn();
     assert_eq!(
@@ -69,6 +71,7 @@ fn module_arguments_at_load_and_their_effect() {
             ("idem.max-ttl", "86400"),
             ("idem.max-body-bytes", "1000"),
             ("idem.mirror-claim-ms", "800"),
+            ("idem.effect-format", "2"),
         ])
     );
 
@@ -189,6 +192,8 @@ fn invalid_values_are_refused_at_runtime() {
         ("idem.max-body-bytes", "big"),
         ("idem.mirror-claim-ms", "0"),
         ("idem.mirror-claim-ms", "-3"),
+        ("idem.effect-format", "0"),
+        ("idem.effect-format", "3"),
         ("idem.no-such-config", "1"),
     ] {
         let r = raw(&mut c, &["CONFIG", "SET", name, bad]);
@@ -272,6 +277,7 @@ fn invalid_module_arguments_stop_the_load() {
         &["max-ttl", "-1"],
         &["max-body-bytes", "x"],
         &["mirror-claim-ms", "0"],
+        &["effect-format", "3"],
         &["no-such-option", "1"],
     ] {
         assert!(!loads_with(bad), "module loaded with {bad:?}");

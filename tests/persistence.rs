@@ -1,5 +1,6 @@
 //! Records survive DEBUG RELOAD, RDB save + restart, AOF (with and without a
-//! rewrite, with and without the RDB preamble) + restart, and DUMP/RESTORE to
+//! rewrite, with and without the RDB preamble, effects of either format) +
+//! restart, and DUMP/RESTORE to
 //! another key and another server: identical via IDEM.GET, expiry and
 //! DEBUG DIGEST; and MEMORY USAGE is plausible and grows with the body.
 
@@ -146,7 +147,20 @@ fn rdb_bgsave_and_restart() {
 
 #[test]
 fn aof_without_rewrite_and_restart() {
-    let mut s = RedisConfig::default().aof_always().start();
+    aof_without_rewrite("1");
+}
+
+#[test]
+fn aof_of_effect_format_2_and_restart() {
+    aof_without_rewrite("2");
+}
+
+/// Effects logged in `effect_format` are read back as the same records.
+fn aof_without_rewrite(effect_format: &str) {
+    let mut s = RedisConfig::default()
+        .aof_always()
+        .module_arg("effect-format", effect_format)
+        .start();
     let mut c = s.conn();
     populate(&mut c);
     // An abort and a touch are in the log too.
@@ -156,13 +170,18 @@ fn aof_without_rewrite_and_restart() {
     assert_eq!(touch(&mut c, "inprog2", t, 600_000), 600_000);
     let touched = get_rec(&mut c, "inprog2");
     let before = snapshot(&mut c);
-    // The log's effects carry the 32-byte fingerprint as sent (codec v2: no
-    // hashing on the write path), never its digest.
+    // Format 2 effects carry the 32-byte fingerprint as sent (no hashing on
+    // the write path), format 1 its digest; never the other.
     let log = aof_bytes(&s.dir);
     let sent = [&[2u8][..], FP32.as_bytes()].concat();
-    let digest = idem_core::fingerprint::sha256(FP32.as_bytes());
-    assert!(contains(&log, &sent), "no v2 effect with the sent bytes");
-    assert!(!contains(&log, &digest), "the log holds the digest");
+    let digest = [&[1u8][..], &idem_core::fingerprint::sha256(FP32.as_bytes())].concat();
+    let (held, not) = if effect_format == "2" {
+        (&sent, &digest)
+    } else {
+        (&digest, &sent)
+    };
+    assert!(contains(&log, held), "the log lacks {held:?}");
+    assert!(!contains(&log, not), "the log holds {not:?}");
     // Replaying later must not re-decide: wait so the clock differs.
     sleep_ms(50);
     s.kill();

@@ -11,16 +11,19 @@ use redis::{Connection, Value};
 use std::time::Duration;
 
 /// 32 bytes, as idem-client sends: the primary keeps it as sent, and so does
-/// a replica that receives it in an effect; one that receives it in a full
-/// sync (RDB) holds its SHA-256 (`idem_core::Fingerprint`).
+/// a replica that receives it in an effect of format 2; one that receives it
+/// in a format 1 effect or a full sync (RDB) holds its SHA-256
+/// (`idem_core::Fingerprint`).
 const FP32: &str = "0123456789abcdef0123456789abcdef";
 const OTHER32: &str = "fedcba9876543210fedcba9876543210";
 
 /// A primary (no periodic pings, so the replication offset only moves with
-/// real writes) and a synced replica.
+/// real writes; effects in format 2, so replicas hold 32-byte fingerprints
+/// as sent) and a synced replica.
 fn pair() -> (RedisServer, RedisServer) {
     let primary = RedisConfig::default()
         .server_arg("repl-ping-replica-period", "3600")
+        .module_arg("effect-format", "2")
         .start();
     let replica = start_replica(&primary);
     (primary, replica)
@@ -244,8 +247,8 @@ fn promoted_replica_keeps_working() {
             headers: vec![]
         }
     );
-    // The replica holds a 32-byte fingerprint as sent, from the effect; the
-    // same bytes replay, other bytes of that length mismatch.
+    // The replica holds a 32-byte fingerprint as sent, from the format 2
+    // effect; the same bytes replay, other bytes of that length mismatch.
     assert_eq!(
         begin(&mut r, "done32", FP32, 60),
         Outcome::Replay {

@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::routing::{post, put};
 use axum::Router;
 use common::{send, state_of, Server};
-use idem_client::{IdemClient, IdempotencyLayer};
+use idem_client::{IdemClient, IdemError, IdempotencyLayer};
 use idem_testkit::RedisServer;
 
 #[derive(Clone, Default)]
@@ -540,7 +540,7 @@ async fn refused_credentials_never_run_a_handler_unprotected() {
     let client = IdemClient::standalone(redis::Client::open(url).unwrap())
         .await
         .unwrap();
-    let layer = IdempotencyLayer::new(client).fail_open(true);
+    let layer = IdempotencyLayer::new(client.clone()).fail_open(true);
     let calls = Calls::default();
     let server = Server::start(routes(calls.clone()).layer(layer)).await;
     let first = common::post(&server.base, "/ok", Some("a"), "{}").await;
@@ -561,8 +561,16 @@ async fn refused_credentials_never_run_a_handler_unprotected() {
         .query_async(&mut admin)
         .await
         .unwrap();
-    // The client sees its connection closed at once; let it notice.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once the client noticed its connection closed, its reconnect is
+    // refused (before that, a call may still meet the closing socket).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match client.abort("probe", 1).await {
+            Err(IdemError::Redis(_)) => break,
+            other => assert!(Instant::now() < deadline, "never refused: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     for key in ["b", "c"] {
         let refused = common::post(&server.base, "/ok", Some(key), "{}").await;
         assert_eq!(refused.status, 500, "{key}: {:?}", refused.body);

@@ -202,9 +202,30 @@ async fn a_killed_server_fails_calls_at_once_and_the_pipe_reconnects() {
 
 #[tokio::test]
 async fn a_server_refusing_the_connection_is_unavailable_not_an_answer() {
+    refusing_the_connection(None).await;
+    // With a password the refusal arrives where AUTH's answer is awaited; it
+    // is still an outage, not refused credentials.
+    refusing_the_connection(Some("secret")).await;
+}
+
+async fn refusing_the_connection(password: Option<&str>) {
     let server = RedisServer::start();
     let mut admin = server.async_conn().await;
-    let pipe = pipe(&server).await;
+    let client = match password {
+        None => server.client(),
+        Some(password) => {
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("requirepass")
+                .arg(password)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let url = format!("redis://:{password}@127.0.0.1:{}", server.port);
+            redis::Client::open(url).unwrap()
+        }
+    };
+    let pipe = Pipe::connect(&client).await.unwrap();
     let mut conn = pipe.clone();
     // The admin connection fills the server; the pipe's is killed, so its
     // reconnect is refused with `-ERR max number of clients reached`.
@@ -234,8 +255,9 @@ async fn a_server_refusing_the_connection_is_unavailable_not_an_answer() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let err = Pipe::connect(&server.client()).await.unwrap_err();
+    let err = Pipe::connect(&client).await.unwrap_err();
     assert!(err.to_string().contains("max number of clients"), "{err}");
+    assert!(IdemError::from(err).is_unavailable());
     let () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxclients")

@@ -158,6 +158,10 @@ impl Pipe {
         });
         match establish(&shared.info).await {
             Ok(stream) => shared.up(stream),
+            Err(err) if credentials_refused(&err) => {
+                shared.lock().link = Link::Down;
+                return Err(connect_error(true, &err.to_string()));
+            }
             Err(err) => {
                 shared.lock().link = Link::Down;
                 return Err(err.into());
@@ -295,7 +299,7 @@ impl Shared {
         guard.0 = None;
         match result {
             Ok(stream) => self.up(stream),
-            Err(err) => self.connect_failed(err.kind() == REFUSED, &err.to_string()),
+            Err(err) => self.connect_failed(credentials_refused(&err), &err.to_string()),
         }
     }
 
@@ -323,6 +327,7 @@ impl Shared {
             return; // closed meanwhile: the stream is dropped
         }
         state.generation += 1;
+        state.refused = false;
         let generation = state.generation;
         let wake_writer = Arc::new(Notify::new());
         let tasks = match stream {
@@ -504,9 +509,26 @@ fn io_error(kind: io::ErrorKind, detail: &str) -> redis::RedisError {
     io::Error::new(kind, detail.to_owned()).into()
 }
 
-/// The I/O error kind of a connect whose credentials the server refused
-/// (`handshake`); any other failed connect is an outage.
-const REFUSED: io::ErrorKind = io::ErrorKind::PermissionDenied;
+/// What a connect whose credentials the server refused fails with
+/// (`handshake`), inside an `io::Error`: a type of its own, so no error of
+/// the system (EACCES on a socket, say) is taken for it.
+#[derive(Debug)]
+struct CredentialsRefused(String);
+
+impl std::fmt::Display for CredentialsRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CredentialsRefused {}
+
+/// Whether a failed connect is the server refusing the credentials; any
+/// other failed connect is an outage.
+fn credentials_refused(err: &io::Error) -> bool {
+    err.get_ref()
+        .is_some_and(|inner| inner.is::<CredentialsRefused>())
+}
 
 /// What a call gets while the link is down after a failed connect: the
 /// server refusing the credentials is redis-rs' `AuthenticationFailed` (a
@@ -632,6 +654,23 @@ fn apply_tcp_settings(stream: &tokio::net::TcpStream, settings: &TcpSettings) ->
 }
 
 /// Writes the setup commands and checks that each answered OK (PONG).
+/// Whether a setup reply refuses the credentials: a command refused for want
+/// of them (`NOAUTH`) or of their rights (`NOPERM`), a wrong password
+/// (`WRONGPASS`), or an `ERR` answering AUTH (a password the server has none
+/// for) other than the max-clients refusal Redis sends on accepting.
+fn refuses_credentials(err: &redis::ServerError, answers_auth: bool) -> bool {
+    match err.code() {
+        "WRONGPASS" | "NOAUTH" | "NOPERM" => true,
+        "ERR" => {
+            answers_auth
+                && !err
+                    .details()
+                    .is_some_and(|d| d.starts_with("max number of clients"))
+        }
+        _ => false,
+    }
+}
+
 async fn handshake<S>(
     stream: &mut S,
     setup: &[u8],
@@ -643,7 +682,7 @@ where
 {
     stream.write_all(setup).await?;
     let mut buf = bytes::BytesMut::with_capacity(512);
-    // AUTH, when sent, is the first command: its refusal is the credentials'.
+    // AUTH, when sent, is the first command answered.
     let mut auth = authenticates;
     while replies > 0 {
         if stream.read_buf(&mut buf).await? == 0 {
@@ -660,16 +699,14 @@ where
             match value {
                 Value::Okay => {}
                 Value::SimpleString(pong) if pong == "PONG" && replies == 0 => {}
-                // The credentials: AUTH refused, or a command refused for
-                // want of them (NOAUTH) or of their rights (NOPERM).
-                Value::ServerError(err)
-                    if answers_auth || matches!(err.code(), "WRONGPASS" | "NOAUTH" | "NOPERM") =>
-                {
+                Value::ServerError(err) if refuses_credentials(&err, answers_auth) => {
                     let detail = format!("connection setup refused: {err}");
-                    return Err(io::Error::new(REFUSED, detail));
+                    let refused = CredentialsRefused(detail);
+                    return Err(io::Error::new(io::ErrorKind::PermissionDenied, refused));
                 }
-                // Anything else (max clients, protected mode) is the server
-                // not taking this connection now.
+                // Anything else (max clients, protected mode: sent before
+                // any command is read) is the server not taking this
+                // connection now.
                 Value::ServerError(err) => {
                     let detail = format!("connection setup refused: {err}");
                     return Err(io::Error::new(io::ErrorKind::ConnectionRefused, detail));
