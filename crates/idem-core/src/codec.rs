@@ -12,8 +12,9 @@
 //!
 //! v2 (`FORMAT_SENT`): v1's layout, but the fingerprint field holds the 32
 //! bytes the client sent, not their SHA-256 (`Fingerprint::Sent`). Only
-//! replication effects use it (`encode_effect_into`), so a write on a
-//! primary with replicas or an AOF hashes nothing; RDB, DUMP, an AOF
+//! replication effects use it (`encode_effect_into`, under the module's
+//! `effect-format 2`), so a write on a primary with replicas or an AOF
+//! hashes nothing; RDB, DUMP, an AOF
 //! rewrite and DEBUG DIGEST always write v1, the digest.
 use crate::{Completed, Error, Fingerprint, Header, MirrorState, Record, State};
 

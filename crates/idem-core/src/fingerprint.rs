@@ -5,9 +5,9 @@
 //! sent. In memory a fingerprint of exactly 32 bytes (what idem-client sends:
 //! a SHA-256 digest of its own) is kept as sent and hashed only when written
 //! out, so a replay, an in-flight answer or a mismatch hashes nothing; a
-//! replication effect carries it as sent too (`codec`, v2), so a write
-//! hashes nothing either. Two fingerprints compare
-//! equal exactly when the bytes sent were equal, whichever form each is in.
+//! replication effect of format 2 (`codec`) carries it as sent too, so a
+//! write hashes nothing either. Two fingerprints compare equal exactly when
+//! the bytes sent were equal, whichever form each is in.
 
 use sha2::{Digest, Sha256};
 
