@@ -14,8 +14,8 @@
 //! bytes the client sent, not their SHA-256 (`Fingerprint::Sent`). Only
 //! replication effects use it (`encode_effect_into`, under the module's
 //! `effect-format 2`), so a write on a primary with replicas or an AOF
-//! hashes nothing; RDB, DUMP, an AOF
-//! rewrite and DEBUG DIGEST always write v1, the digest.
+//! hashes nothing; RDB, DUMP, an AOF rewrite and DEBUG DIGEST always write
+//! v1, the digest.
 use crate::{Completed, Error, Fingerprint, Header, MirrorState, Record, State};
 
 /// Format byte of an encoding whose fingerprint is the digest.
