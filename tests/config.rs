@@ -277,6 +277,7 @@ fn invalid_module_arguments_stop_the_load() {
         &["max-ttl", "-1"],
         &["max-body-bytes", "x"],
         &["mirror-claim-ms", "0"],
+        &["effect-format", "0"],
         &["effect-format", "3"],
         &["no-such-option", "1"],
     ] {

@@ -49,9 +49,10 @@ pub enum IdemError {
     /// on it: the keys are all there, a retry may be one already answered.
     #[error("redis refuses writes for now: {0}")]
     WritesRefused(String),
-    /// Any other Redis error (an unknown error code, refused credentials:
-    /// redis-rs' `AuthenticationFailed`, `WRONGPASS`, `NOAUTH`, ...): 500,
-    /// and never `fail_open`.
+    /// Any other Redis error (an unknown error code; a connection's
+    /// credentials or settings refused: redis-rs' `AuthenticationFailed` or
+    /// `InvalidClientConfig`, `WRONGPASS`, `NOAUTH`, ...): 500, and never
+    /// `fail_open`.
     #[error("redis error: {0}")]
     Redis(redis::RedisError),
     /// The module answered something this client does not understand.

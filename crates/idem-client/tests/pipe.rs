@@ -403,6 +403,16 @@ async fn auth_and_database_are_set_up() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("WRONGPASS"), "{err}");
+    // Refused settings are a configuration error, not an outage (fail_open
+    // must not run on them): a wrong password, a database out of range.
+    assert_eq!(err.kind(), redis::ErrorKind::InvalidClientConfig, "{err}");
+    assert!(!IdemError::from(err).is_unavailable());
+    let no_such_db = format!("redis://127.0.0.1:{}/99", server.port);
+    let err = Pipe::connect(&redis::Client::open(no_such_db).unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("DB index"), "{err}");
+    assert!(!IdemError::from(err).is_unavailable());
     // Dropping the last clone closes the connection.
     let clients = |list: String| list.lines().filter(|l| l.contains("user=payments")).count();
     let list: String = redis::cmd("CLIENT")

@@ -92,7 +92,8 @@ struct State {
     retry_delay: Duration,
     last_error: String,
     /// The last connect's failure was the server refusing this client's
-    /// credentials: calls fail as `refused` says, not as an outage.
+    /// settings (credentials, database): calls fail as a configuration
+    /// error, not as an outage.
     refused: bool,
     /// Numbers each connection, so a task of an old one changes nothing.
     generation: u64,
@@ -158,7 +159,7 @@ impl Pipe {
         });
         match establish(&shared.info).await {
             Ok(stream) => shared.up(stream),
-            Err(err) if credentials_refused(&err) => {
+            Err(err) if settings_refused(&err) => {
                 shared.lock().link = Link::Down;
                 return Err(connect_error(true, &err.to_string()));
             }
@@ -299,13 +300,13 @@ impl Shared {
         guard.0 = None;
         match result {
             Ok(stream) => self.up(stream),
-            Err(err) => self.connect_failed(credentials_refused(&err), &err.to_string()),
+            Err(err) => self.connect_failed(settings_refused(&err), &err.to_string()),
         }
     }
 
     /// A connect failed: the calls queued for it fail, and none is tried
     /// again before a delay that doubles with each failure.
-    /// `refused`: the server refused the connection's credentials.
+    /// `refused`: the server refused the connection's settings.
     fn connect_failed(&self, refused: bool, detail: &str) {
         let mut state = self.lock();
         if !matches!(state.link, Link::Connecting) {
@@ -509,36 +510,36 @@ fn io_error(kind: io::ErrorKind, detail: &str) -> redis::RedisError {
     io::Error::new(kind, detail.to_owned()).into()
 }
 
-/// What a connect whose credentials the server refused fails with
+/// What a connect whose settings the server refused fails with
 /// (`handshake`), inside an `io::Error`: a type of its own, so no error of
 /// the system (EACCES on a socket, say) is taken for it.
 #[derive(Debug)]
-struct CredentialsRefused(String);
+struct SettingsRefused(String);
 
-impl std::fmt::Display for CredentialsRefused {
+impl std::fmt::Display for SettingsRefused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl std::error::Error for CredentialsRefused {}
+impl std::error::Error for SettingsRefused {}
 
-/// Whether a failed connect is the server refusing the credentials; any
-/// other failed connect is an outage.
-fn credentials_refused(err: &io::Error) -> bool {
+/// Whether a failed connect is the server refusing the connection's
+/// settings; any other failed connect is an outage.
+fn settings_refused(err: &io::Error) -> bool {
     err.get_ref()
-        .is_some_and(|inner| inner.is::<CredentialsRefused>())
+        .is_some_and(|inner| inner.is::<SettingsRefused>())
 }
 
 /// What a call gets while the link is down after a failed connect: the
-/// server refusing the credentials is redis-rs' `AuthenticationFailed` (a
-/// configuration error, `IdemError::Redis`), anything else a refused
-/// connection (an outage, `IdemError::Unavailable`).
+/// server refusing the connection's settings is redis-rs'
+/// `InvalidClientConfig` (a configuration error, `IdemError::Redis`),
+/// anything else a refused connection (an outage, `IdemError::Unavailable`).
 fn connect_error(refused: bool, detail: &str) -> redis::RedisError {
     if refused {
-        let what = "the server refused the connection's credentials";
+        let what = "the server refused the connection's settings";
         (
-            redis::ErrorKind::AuthenticationFailed,
+            redis::ErrorKind::InvalidClientConfig,
             what,
             detail.to_owned(),
         )
@@ -630,10 +631,9 @@ async fn open(info: &redis::ConnectionInfo) -> io::Result<Stream> {
     // clients, protected mode) says so before the connection counts as up.
     redis::cmd("PING").write_packed_command(&mut setup);
     replies += 1;
-    let authenticates = settings.password().is_some();
     match &mut stream {
-        Stream::Tcp(s) => handshake(s, &setup, replies, authenticates).await?,
-        Stream::Unix(s) => handshake(s, &setup, replies, authenticates).await?,
+        Stream::Tcp(s) => handshake(s, &setup, replies).await?,
+        Stream::Unix(s) => handshake(s, &setup, replies).await?,
     }
     Ok(stream)
 }
@@ -653,37 +653,28 @@ fn apply_tcp_settings(stream: &tokio::net::TcpStream, settings: &TcpSettings) ->
     Ok(())
 }
 
-/// Writes the setup commands and checks that each answered OK (PONG).
-/// Whether a setup reply refuses the credentials: a command refused for want
-/// of them (`NOAUTH`) or of their rights (`NOPERM`), a wrong password
-/// (`WRONGPASS`), or an `ERR` answering AUTH (a password the server has none
-/// for) other than the max-clients refusal Redis sends on accepting.
-fn refuses_credentials(err: &redis::ServerError, answers_auth: bool) -> bool {
+/// Whether a setup reply refuses the connection's settings (credentials,
+/// database): `WRONGPASS`, `NOAUTH`, `NOPERM`, or any `ERR` (a password the
+/// server has none for, a database out of range) except the max-clients
+/// refusal, which Redis sends on accepting, as it sends `DENIED` in
+/// protected mode: those two are the server not taking a connection now.
+fn refuses_settings(err: &redis::ServerError) -> bool {
     match err.code() {
         "WRONGPASS" | "NOAUTH" | "NOPERM" => true,
-        "ERR" => {
-            answers_auth
-                && !err
-                    .details()
-                    .is_some_and(|d| d.starts_with("max number of clients"))
-        }
+        "ERR" => !err
+            .details()
+            .is_some_and(|d| d.starts_with("max number of clients")),
         _ => false,
     }
 }
 
-async fn handshake<S>(
-    stream: &mut S,
-    setup: &[u8],
-    mut replies: usize,
-    authenticates: bool,
-) -> io::Result<()>
+/// Writes the setup commands and checks that each answered OK (PONG).
+async fn handshake<S>(stream: &mut S, setup: &[u8], mut replies: usize) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     stream.write_all(setup).await?;
     let mut buf = bytes::BytesMut::with_capacity(512);
-    // AUTH, when sent, is the first command answered.
-    let mut auth = authenticates;
     while replies > 0 {
         if stream.read_buf(&mut buf).await? == 0 {
             let detail = "the server closed the connection during setup";
@@ -695,18 +686,15 @@ where
             let Some((value, used)) = parsed else { break };
             let _ = buf.split_to(used);
             replies -= 1;
-            let answers_auth = std::mem::take(&mut auth);
             match value {
                 Value::Okay => {}
                 Value::SimpleString(pong) if pong == "PONG" && replies == 0 => {}
-                Value::ServerError(err) if refuses_credentials(&err, answers_auth) => {
+                Value::ServerError(err) if refuses_settings(&err) => {
                     let detail = format!("connection setup refused: {err}");
-                    let refused = CredentialsRefused(detail);
+                    let refused = SettingsRefused(detail);
                     return Err(io::Error::new(io::ErrorKind::PermissionDenied, refused));
                 }
-                // Anything else (max clients, protected mode: sent before
-                // any command is read) is the server not taking this
-                // connection now.
+                // Max clients or protected mode: an outage.
                 Value::ServerError(err) => {
                     let detail = format!("connection setup refused: {err}");
                     return Err(io::Error::new(io::ErrorKind::ConnectionRefused, detail));
