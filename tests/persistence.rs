@@ -193,23 +193,6 @@ fn aof_without_rewrite(effect_format: &str) {
     still_works(&mut c, &before);
 }
 
-/// Every file of the AOF (Redis 7's `appendonlydir`), concatenated.
-fn aof_bytes(dir: &std::path::Path) -> Vec<u8> {
-    let mut files: Vec<_> = std::fs::read_dir(dir.join("appendonlydir"))
-        .expect("appendonlydir")
-        .map(|entry| entry.unwrap().path())
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .flat_map(|f| std::fs::read(f).unwrap())
-        .collect()
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
 fn aof_rewrite_restart(preamble: &str) {
     let mut s = RedisConfig::default()
         .aof_always()

@@ -1,5 +1,6 @@
 //! Replication with a real replica (REPLICAOF): after every kind of command,
-//! takeovers included, the replica holds identical records (IDEM.GET,
+//! takeovers included, with effects of either format (switched at runtime
+//! too), the replica holds identical records (IDEM.GET,
 //! expiry, DEBUG DIGEST); read-only outcomes replicate nothing; the replica
 //! refuses writes but serves IDEM.GET; a promoted replica keeps working.
 
@@ -21,9 +22,14 @@ const OTHER32: &str = "fedcba9876543210fedcba9876543210";
 /// real writes; effects in format 2, so replicas hold 32-byte fingerprints
 /// as sent) and a synced replica.
 fn pair() -> (RedisServer, RedisServer) {
+    pair_with("2")
+}
+
+/// `pair` with the primary's effects in `effect_format`.
+fn pair_with(effect_format: &str) -> (RedisServer, RedisServer) {
     let primary = RedisConfig::default()
         .server_arg("repl-ping-replica-period", "3600")
-        .module_arg("effect-format", "2")
+        .module_arg("effect-format", effect_format)
         .start();
     let replica = start_replica(&primary);
     (primary, replica)
@@ -52,7 +58,16 @@ fn repl_offset(c: &mut Connection) -> String {
 
 #[test]
 fn replica_matches_after_every_command() {
-    let (primary, replica) = pair();
+    matches_after_every_command("2");
+}
+
+#[test]
+fn replica_matches_after_every_command_with_effects_of_format_1() {
+    matches_after_every_command("1");
+}
+
+fn matches_after_every_command(effect_format: &str) {
+    let (primary, replica) = pair_with(effect_format);
     let mut p = primary.conn();
     let mut r = replica.conn();
     let keys = ["a", "b", "c", "m"];
@@ -119,6 +134,55 @@ fn replica_matches_after_every_command() {
         "read-only outcomes must not replicate"
     );
     assert_same(&mut p, &mut r, &keys);
+}
+
+/// The effect format switched at runtime (CONFIG SET) while records of
+/// both forms live on: the replica stays identical, and once promoted it
+/// answers each record's fingerprint as the primary did.
+#[test]
+fn switching_the_effect_format_keeps_the_replica_identical() {
+    // The primary logs its effects too: the log shows which format each had.
+    let primary = RedisConfig::default()
+        .server_arg("repl-ping-replica-period", "3600")
+        .aof_always()
+        .start();
+    let replica = start_replica(&primary);
+    let mut p = primary.conn();
+    let mut r = replica.conn();
+    let set_format = |c: &mut Connection, f: &str| {
+        ok(c, &["CONFIG", "SET", "idem.effect-format", f]);
+    };
+    let keys = ["one", "two", "both"];
+    let t_one = begin(&mut p, "one", FP32, 3600).token();
+    let t_both = begin(&mut p, "both", FP32, 3600).token();
+    assert_same(&mut p, &mut r, &keys);
+    let sent = [&[2u8][..], FP32.as_bytes()].concat();
+    let digest = [&[1u8][..], &idem_core::fingerprint::sha256(FP32.as_bytes())].concat();
+    let log = || aof_bytes(&primary.dir);
+    assert!(contains(&log(), &digest) && !contains(&log(), &sent));
+    set_format(&mut p, "2");
+    let t_two = begin(&mut p, "two", FP32, 3600).token();
+    // Begun under format 1, completed under format 2.
+    complete(&mut p, "both", t_both, 201, b"both", &[]);
+    assert_same(&mut p, &mut r, &keys);
+    assert!(contains(&log(), &sent), "format 2 not in effect");
+    set_format(&mut p, "1");
+    complete(&mut p, "one", t_one, 201, b"one", &[]);
+    complete(&mut p, "two", t_two, 201, b"two", &[]);
+    assert_same(&mut p, &mut r, &keys);
+    drop(primary);
+
+    assert_eq!(ok(&mut r, &["REPLICAOF", "NO", "ONE"]), Value::Okay);
+    for key in keys {
+        assert!(
+            matches!(
+                begin(&mut r, key, FP32, 60),
+                Outcome::Replay { status: 201, .. }
+            ),
+            "{key}"
+        );
+        assert_eq!(begin(&mut r, key, OTHER32, 60), Outcome::Mismatch, "{key}");
+    }
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Helpers shared by the module's integration tests: typed wrappers around the
-//! IDEM.* replies, error capture, `INFO idem` parsing and replica setup.
+//! IDEM.* replies, error capture, `INFO idem` parsing, replica setup and AOF bytes.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -462,4 +462,21 @@ pub fn complete_and_kill(con: &mut Connection, key: &str, token: u64, victim: i6
         .arg(victim)
         .query(con)
         .unwrap();
+}
+
+/// Every file of the AOF (Redis 7's `appendonlydir`), concatenated.
+pub fn aof_bytes(dir: &std::path::Path) -> Vec<u8> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("appendonlydir"))
+        .expect("appendonlydir")
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| std::fs::read(f).unwrap())
+        .collect()
+}
+
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
