@@ -12,6 +12,9 @@ pub const MIRROR_CLAIM_MS_DEFAULT: i64 = 30_000;
 /// Record format of replication effects: 1 (every module version reads it)
 /// until every node runs a module that reads format 2 (`codec`).
 pub const EFFECT_FORMAT_DEFAULT: i64 = 1;
+/// `effect-format` of effects that keep a 32-byte fingerprint as sent: the
+/// config's upper bound.
+pub const EFFECT_FORMAT_SENT: i64 = idem_core::codec::FORMAT_SENT as i64;
 
 pub static LEASE_MS: AtomicI64 = AtomicI64::new(LEASE_MS_DEFAULT);
 pub static MAX_TTL: AtomicI64 = AtomicI64::new(MAX_TTL_DEFAULT);
@@ -30,7 +33,7 @@ pub const RANGES: &[(&str, i64, i64)] = &[
     ("max-ttl", 1, MAX_TTL_LIMIT),
     ("max-body-bytes", 0, MAX_BODY_LIMIT),
     ("mirror-claim-ms", 1, MAX_MS),
-    ("effect-format", 1, 2),
+    ("effect-format", 1, EFFECT_FORMAT_SENT),
 ];
 
 /// Upper bound of `max-body-bytes`: what a record may hold at all.
@@ -76,5 +79,5 @@ pub fn mirror_claim_ms() -> u64 {
 
 /// Whether effects carry a 32-byte fingerprint as sent (`effect-format 2`).
 pub fn effects_keep_sent() -> bool {
-    EFFECT_FORMAT.load(Ordering::Relaxed) == 2
+    EFFECT_FORMAT.load(Ordering::Relaxed) == EFFECT_FORMAT_SENT
 }

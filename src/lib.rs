@@ -91,7 +91,7 @@ redis_module! {
             ["max-ttl", &MAX_TTL, config::MAX_TTL_DEFAULT, 1, config::MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["max-body-bytes", &MAX_BODY_BYTES, config::MAX_BODY_BYTES_DEFAULT, 0, config::MAX_BODY_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["mirror-claim-ms", &MIRROR_CLAIM_MS, config::MIRROR_CLAIM_MS_DEFAULT, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
-            ["effect-format", &EFFECT_FORMAT, config::EFFECT_FORMAT_DEFAULT, 1, 2, ConfigurationFlags::DEFAULT, None],
+            ["effect-format", &EFFECT_FORMAT, config::EFFECT_FORMAT_DEFAULT, 1, config::EFFECT_FORMAT_SENT, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [],

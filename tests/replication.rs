@@ -226,15 +226,21 @@ fn full_sync_carries_existing_records() {
 
     // Promoted, the replica answers the fingerprint it got as a digest.
     assert_eq!(ok(&mut r, &["REPLICAOF", "NO", "ONE"]), Value::Okay);
+    replays_fp32_only(&mut r, "done32", b"synced32");
+}
+
+/// `key`, completed with `body` for FP32, replays for FP32 and mismatches
+/// for other bytes of that length.
+fn replays_fp32_only(c: &mut Connection, key: &str, body: &[u8]) {
     assert_eq!(
-        begin(&mut r, "done32", FP32, 60),
+        begin(c, key, FP32, 60),
         Outcome::Replay {
             status: 200,
-            body: b"synced32".to_vec(),
+            body: body.to_vec(),
             headers: vec![]
         }
     );
-    assert_eq!(begin(&mut r, "done32", OTHER32, 60), Outcome::Mismatch);
+    assert_eq!(begin(c, key, OTHER32, 60), Outcome::Mismatch);
 }
 
 #[test]
@@ -313,15 +319,7 @@ fn promoted_replica_keeps_working() {
     );
     // The replica holds a 32-byte fingerprint as sent, from the format 2
     // effect; the same bytes replay, other bytes of that length mismatch.
-    assert_eq!(
-        begin(&mut r, "done32", FP32, 60),
-        Outcome::Replay {
-            status: 200,
-            body: b"done32".to_vec(),
-            headers: vec![]
-        }
-    );
-    assert_eq!(begin(&mut r, "done32", OTHER32, 60), Outcome::Mismatch);
+    replays_fp32_only(&mut r, "done32", b"done32");
     let taken = begin(&mut r, "lapsed", "fp", 60).token();
     assert!(
         taken > lapsed && taken > max_token,

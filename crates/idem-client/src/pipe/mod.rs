@@ -159,13 +159,13 @@ impl Pipe {
         });
         match establish(&shared.info).await {
             Ok(stream) => shared.up(stream),
-            Err(err) if settings_refused(&err) => {
-                shared.lock().link = Link::Down;
-                return Err(connect_error(true, &err.to_string()));
-            }
             Err(err) => {
                 shared.lock().link = Link::Down;
-                return Err(err.into());
+                return Err(if settings_refused(&err) {
+                    connect_error(true, &err.to_string())
+                } else {
+                    err.into()
+                });
             }
         }
         Ok(Pipe {
