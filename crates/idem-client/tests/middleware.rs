@@ -336,6 +336,55 @@ async fn a_client_hanging_up_does_not_cut_the_handler_short() {
     assert_eq!(f.calls.count(), 1);
 }
 
+/// A client that hangs up while BEGIN is still on its way (Redis paused for
+/// writes) leaves a request that arrived whole: it is decided, run and
+/// stored as if the client had waited, so the retry replays at once. Before,
+/// the flow was dropped with BEGIN's reply unread: the key stayed in
+/// progress until its lease lapsed and the handler never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_hanging_up_before_begin_answers_still_gets_its_request_run() {
+    let f = Fixture::start(|l| l).await;
+    let mut admin = f.redis.async_conn().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("WRITE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let result = impatient
+        .post(format!("{}/ok", f.server.base))
+        .header("idempotency-key", "k")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await;
+    assert!(result.is_err(), "the client gave up while Redis was paused");
+    assert_eq!(f.calls.count(), 0, "BEGIN had not answered yet");
+
+    let mut state = None;
+    for _ in 0..100 {
+        state = f.state("k").await;
+        if state.as_deref() == Some("completed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        state.as_deref(),
+        Some("completed"),
+        "the request ran and was stored"
+    );
+    let retry = f.post("/ok", Some("k")).await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(retry.replayed());
+    assert_eq!(f.calls.count(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_releases_the_key() {
     let f = Fixture::start(|l| l).await;

@@ -1,7 +1,7 @@
 //! The idempotency flow for one request that carries a key: buffer and
 //! fingerprint the request, BEGIN, then answer 409/422/replay, or run the
 //! handler (in the request's task; when the client hangs up first, the rest
-//! moves into a task of its own, so it is never cut short), keep the lease
+//! moves into a task of its own, so it is never cut short: `Detaching`), keep the lease
 //! alive meanwhile, and settle the key (see `store`). The handler finds a
 //! `Fence` in its request extensions; when it used it, the fence's report
 //! decides what Redis keeps.
@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use http::{response, Request, Response};
 use http_body::Body;
@@ -96,10 +97,8 @@ where
     }
 }
 
-/// Runs the handler and settles the key, in the request's task; when the
-/// request's future is dropped first (the client hung up), the rest goes on
-/// in a task of its own. A panic in the handler releases the key and is
-/// passed on.
+/// Runs the handler and settles the key. A panic in the handler releases
+/// the key and is passed on.
 async fn run_new<S, C, ReqBody, ResBody>(
     config: Arc<Config<C>>,
     inner: S,
@@ -117,49 +116,57 @@ where
     ResBody::Error: Into<BoxError>,
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let settled = async move {
-        let held = Held {
-            config: &config,
-            key: &key,
-            token,
-            fingerprint: &fingerprint,
-        };
-        let outcome = AssertUnwindSafe(execute(&held, inner, request))
-            .catch_unwind()
-            .await;
-        if outcome.is_err() {
-            held.release().await;
-        }
-        outcome
+    let held = Held {
+        config: &config,
+        key: &key,
+        token,
+        fingerprint: &fingerprint,
     };
-    match Detaching::new(settled).await {
+    let outcome = AssertUnwindSafe(execute(&held, inner, request))
+        .catch_unwind()
+        .await;
+    match outcome {
         Ok(result) => result,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
-
-/// A future that, dropped before it finished, is spawned to finish on its
-/// own, on the runtime it is dropped in (outside any, it is dropped: the key
-/// then frees itself when its lease lapses).
-struct Detaching<F: Future + Send + 'static> {
-    future: Option<Pin<Box<F>>>,
-}
-
-impl<F: Future + Send + 'static> Detaching<F>
-where
-    F::Output: Send + 'static,
-{
-    fn new(future: F) -> Self {
-        Detaching {
-            future: Some(Box::pin(future)),
+        Err(panic) => {
+            held.release().await;
+            std::panic::resume_unwind(panic)
         }
     }
 }
 
-impl<F: Future + Send + 'static> Future for Detaching<F> {
-    type Output = F::Output;
+/// The flow of one request, boxed once: dropped before it finished (the
+/// client hung up, an outer timeout), it is spawned to finish on its own, on
+/// the runtime it is dropped in, so a request that arrived whole is decided,
+/// run and settled as if its client had waited. Outside any runtime it is
+/// dropped: a key it holds then frees itself when its lease lapses.
+pub(crate) struct Detaching<T> {
+    future: Option<BoxFuture<'static, T>>,
+    /// `spawn::<T>`, taken where `T: 'static` is known (the struct and its
+    /// `Drop` carry no bounds, so neither does `ResponseFuture`).
+    spawn: fn(BoxFuture<'static, T>),
+}
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+impl<T: 'static> Detaching<T> {
+    pub(crate) fn new(future: BoxFuture<'static, T>) -> Self {
+        Detaching {
+            future: Some(future),
+            spawn: spawn::<T>,
+        }
+    }
+}
+
+fn spawn<T: 'static>(future: BoxFuture<'static, T>) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        drop(runtime.spawn(async move {
+            future.await;
+        }));
+    }
+}
+
+impl<T> Future for Detaching<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let future = self
             .future
             .as_mut()
@@ -170,15 +177,10 @@ impl<F: Future + Send + 'static> Future for Detaching<F> {
     }
 }
 
-impl<F: Future + Send + 'static> Drop for Detaching<F> {
+impl<T> Drop for Detaching<T> {
     fn drop(&mut self) {
-        let Some(future) = self.future.take() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            drop(runtime.spawn(async move {
-                future.await;
-            }));
+        if let Some(future) = self.future.take() {
+            (self.spawn)(future);
         }
     }
 }

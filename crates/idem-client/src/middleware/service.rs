@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
@@ -95,7 +94,12 @@ where
         // The ready service goes into the flow; a clone stays for the next call.
         let ready = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, ready);
-        ResponseFuture::flow(Box::pin(flow::handle(config.clone(), inner, request, key)))
+        ResponseFuture::flow(flow::Detaching::new(Box::pin(flow::handle(
+            config.clone(),
+            inner,
+            request,
+            key,
+        ))))
     }
 }
 
@@ -112,7 +116,7 @@ pin_project! {
     enum Kind<F, B, E> {
         Passthrough { #[pin] future: F },
         Ready { response: Option<Response<IdemBody<B>>> },
-        Flow { future: BoxFuture<'static, Result<Response<IdemBody<B>>, E>> },
+        Flow { future: flow::Detaching<Result<Response<IdemBody<B>>, E>> },
     }
 }
 
@@ -131,7 +135,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    fn flow(future: BoxFuture<'static, Result<Response<IdemBody<B>>, E>>) -> Self {
+    fn flow(future: flow::Detaching<Result<Response<IdemBody<B>>, E>>) -> Self {
         ResponseFuture {
             kind: Kind::Flow { future },
         }
@@ -153,7 +157,7 @@ where
                 Some(response) => Poll::Ready(Ok(response)),
                 None => panic!("ResponseFuture polled after completion"),
             },
-            KindProj::Flow { future } => future.as_mut().poll(cx),
+            KindProj::Flow { future } => Pin::new(future).poll(cx),
         }
     }
 }
