@@ -44,10 +44,19 @@ impl std::fmt::Debug for Fingerprint {
 
 /// Lowercase hex SHA-256 of any fingerprint bytes sent to `IDEM.BEGIN`.
 pub fn stored_hex(fingerprint: &[u8]) -> String {
+    hex_of(&stored_digest(fingerprint))
+}
+
+/// SHA-256 of fingerprint bytes: what the module and Postgres keep.
+pub(crate) fn stored_digest(fingerprint: &[u8]) -> [u8; 32] {
+    Sha256::digest(fingerprint).into()
+}
+
+/// Lowercase hex of a digest.
+pub(crate) fn hex_of(digest: &[u8; 32]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(fingerprint);
     let mut hex = Vec::with_capacity(2 * digest.len());
-    for byte in digest {
+    for &byte in digest {
         hex.extend_from_slice(&[
             DIGITS[usize::from(byte >> 4)],
             DIGITS[usize::from(byte & 15)],

@@ -9,7 +9,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Statement;
 
 use super::{sql, Claim, FenceReport};
-use crate::fingerprint::stored_hex;
+use crate::fingerprint::{hex_of, stored_digest, stored_hex};
 use crate::{IdemError, StoredResponse};
 
 /// How the writer stored `idempotency_keys` (`idem-writer migrate --layout`):
@@ -31,7 +31,8 @@ pub enum TableLayout {
 pub struct Fence {
     key: String,
     token: i64,
-    fingerprint_hex: String,
+    /// SHA-256 of the fingerprint; its hex (the row's) is made when used.
+    fingerprint_digest: [u8; 32],
     ttl: Duration,
     layout: TableLayout,
     report: Option<Arc<Mutex<FenceReport>>>,
@@ -110,7 +111,7 @@ impl Fence {
         Fence {
             key: key.into(),
             token,
-            fingerprint_hex: stored_hex(fingerprint),
+            fingerprint_digest: stored_digest(fingerprint),
             ttl,
             layout: TableLayout::Unpartitioned,
             report: None,
@@ -158,7 +159,7 @@ impl Fence {
         let mut framed = Vec::with_capacity(self.key.len() + 72);
         framed.extend_from_slice(&(self.key.len() as u64).to_be_bytes());
         framed.extend_from_slice(self.key.as_bytes());
-        framed.extend_from_slice(self.fingerprint_hex.as_bytes());
+        framed.extend_from_slice(hex_of(&self.fingerprint_digest).as_bytes());
         stored_hex(&framed)
     }
 
@@ -172,7 +173,7 @@ impl Fence {
             tx,
             self.layout,
             &self.key,
-            &self.fingerprint_hex,
+            &hex_of(&self.fingerprint_digest),
             self.token,
             self.ttl.as_secs_f64(),
         )
