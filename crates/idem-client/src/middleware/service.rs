@@ -94,12 +94,11 @@ where
         // The ready service goes into the flow; a clone stays for the next call.
         let ready = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, ready);
-        ResponseFuture::flow(flow::Detaching::new(Box::pin(flow::handle(
-            config.clone(),
-            inner,
-            request,
-            key,
-        ))))
+        // Written straight into its box: `Box::pin(handle(..))` built the
+        // future (its largest state's size) on the stack and copied it in.
+        let slot = Box::new_uninit();
+        let future = Box::write(slot, flow::handle(config.clone(), inner, request, key));
+        ResponseFuture::flow(flow::Detaching::new(Box::into_pin(future)))
     }
 }
 
