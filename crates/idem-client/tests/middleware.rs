@@ -347,7 +347,7 @@ async fn a_client_hanging_up_before_begin_answers_still_gets_its_request_run() {
     let mut admin = f.redis.async_conn().await;
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
-        .arg(300)
+        .arg(400) // under the client's call timeout (500 ms): BEGIN waits, then answers
         .arg("WRITE")
         .query_async(&mut admin)
         .await

@@ -1,10 +1,10 @@
 //! The idempotency flow for one request that carries a key: buffer and
 //! fingerprint the request, BEGIN, then answer 409/422/replay, or run the
 //! handler (in the request's task; when the client hangs up first, the rest
-//! moves into a task of its own, so it is never cut short: `Detaching`), keep the lease
-//! alive meanwhile, and settle the key (see `store`). The handler finds a
-//! `Fence` in its request extensions; when it used it, the fence's report
-//! decides what Redis keeps.
+//! moves into a task of its own, so it is never cut short: `Detaching`),
+//! keep the lease alive meanwhile, and settle the key (see `store`). The
+//! handler finds a `Fence` in its request extensions; when it used it, the
+//! fence's report decides what Redis keeps.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
