@@ -138,6 +138,21 @@ impl Fixture {
         common::post(&self.server.base, path, key, "{}").await
     }
 
+    /// A POST whose client gives up after 100 ms.
+    async fn hang_up(&self, path: &str, key: &str) -> reqwest::Result<reqwest::Response> {
+        let impatient = reqwest::Client::builder()
+            .timeout(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        impatient
+            .post(format!("{}{path}", self.server.base))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+    }
+
     async fn state(&self, key: &str) -> Option<String> {
         let mut conn = self.redis.async_conn().await;
         state_of(&mut conn, &format!("idem:{{:{key}}}")).await
@@ -308,17 +323,7 @@ async fn a_response_over_the_limit_is_sent_whole_but_not_stored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_hanging_up_does_not_cut_the_handler_short() {
     let f = Fixture::start(|l| l).await;
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(100))
-        .build()
-        .unwrap();
-    let result = impatient
-        .post(format!("{}/slow", f.server.base))
-        .header("idempotency-key", "k")
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await;
+    let result = f.hang_up("/slow", "k").await;
     assert!(result.is_err(), "the client gave up");
 
     let mut completed = false;
@@ -352,17 +357,7 @@ async fn a_client_hanging_up_before_begin_answers_still_gets_its_request_run() {
         .query_async(&mut admin)
         .await
         .unwrap();
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(100))
-        .build()
-        .unwrap();
-    let result = impatient
-        .post(format!("{}/ok", f.server.base))
-        .header("idempotency-key", "k")
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await;
+    let result = f.hang_up("/ok", "k").await;
     assert!(result.is_err(), "the client gave up while Redis was paused");
     assert_eq!(f.calls.count(), 0, "BEGIN had not answered yet");
 
