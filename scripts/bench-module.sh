@@ -48,7 +48,9 @@
 #
 # Usage: scripts/bench-module.sh [instructions]
 #                                       (env knobs below; BENCH_STRICT=1 makes
-#                                        a missed target exit non-zero)
+#                                        a missed target exit non-zero;
+#                                        KEEP_WORK=dir keeps the server's log
+#                                        and callgrind dumps there)
 set -euo pipefail
 MODE=${1:-time}
 [[ $MODE == time || $MODE == instructions ]] || { echo "usage: $0 [instructions]" >&2; exit 2; }
