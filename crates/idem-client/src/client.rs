@@ -1,7 +1,7 @@
 //! `IdemClient`: the IDEM.* commands over any async redis-rs connection
 //! (idem's `Pipe`, multiplexed, connection manager, cluster), each call bounded by a timeout.
 
-use std::future::Future;
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,9 +10,10 @@ use idem_core::args::{self, Abort, BeginArgs, CompleteArgs, Encode, KeyToken, To
 use idem_core::wire::ReplayLayout;
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Value};
+use redis::Value;
 
 use crate::call::{bounded, DEFAULT_CALL_TIMEOUT};
+use crate::pipe::Pipe;
 use crate::reply::{parse_abort, parse_begin, parse_ok, parse_touch};
 use crate::standalone::{StandaloneConnection, Transport};
 use crate::wait_connections::{DedicatedConnections, WaitConnections};
@@ -159,18 +160,13 @@ where
             None => None,
         };
         let first = self
-            .query_begin(begin_args(key, fingerprint, options, None), |cmd| {
-                self.query(cmd)
-            })
+            .query_begin(begin_args(key, fingerprint, options, None), None)
             .await?;
         match (first, wait, wait_connections) {
             (first @ Outcome::InFlight { .. }, Some(wait), Some(connections)) => {
                 let args = begin_args(key, fingerprint, options, Some(wait));
                 let bound = wait + self.call_timeout;
-                match self
-                    .query_begin(args, |cmd| connections.query(cmd, bound))
-                    .await
-                {
+                match self.query_begin(args, Some((&**connections, bound))).await {
                     // Waiting is an extra. When it fails in any way (the
                     // node unreachable, or `UNBLOCKED` by a demotion), the key
                     // is still known to be in flight, and that is the answer:
@@ -187,27 +183,31 @@ where
         }
     }
 
-    /// Sends a BEGIN through `query`, packed unless turned off. A refusal of
-    /// `PACKED` changed nothing on the server: the call is sent again without
-    /// it, and the option is off from then on.
-    async fn query_begin<F>(
+    /// Sends a BEGIN on the shared connection, or with `wait` on a wait
+    /// connection for at most the bound given, packed unless turned off. A
+    /// refusal of `PACKED` changed nothing on the server: the call is sent
+    /// again without it, and the option is off from then on.
+    async fn query_begin<'a>(
         &self,
-        mut args: BeginArgs<'_>,
-        query: impl Fn(Cmd) -> F,
-    ) -> Result<Outcome, IdemError>
-    where
-        F: Future<Output = Result<Value, IdemError>>,
-    {
+        mut args: BeginArgs<'a>,
+        wait: Option<(&dyn WaitConnections, Duration)>,
+    ) -> Result<Outcome, IdemError> {
         if self.packed.load(Ordering::Relaxed) {
             args.replay = ReplayLayout::Packed;
         }
-        match query(args.to_cmd()).await {
+        let send = |args: BeginArgs<'a>| async move {
+            match wait {
+                None => self.query(&args).await,
+                Some((connections, bound)) => connections.query(args.to_cmd(), bound).await,
+            }
+        };
+        match send(args).await {
             Err(IdemError::BadArg(detail))
                 if args.replay == ReplayLayout::Packed && args::refuses_packed(&detail) =>
             {
                 self.packed.store(false, Ordering::Relaxed);
                 args.replay = ReplayLayout::Fields;
-                parse_begin(query(args.to_cmd()).await?)
+                parse_begin(send(args).await?)
             }
             reply => parse_begin(reply?),
         }
@@ -221,7 +221,7 @@ where
         response: &StoredResponse,
         origin: Origin,
     ) -> Result<(), IdemError> {
-        let cmd = CompleteArgs {
+        let command = CompleteArgs {
             key: key.as_bytes(),
             token,
             status: response.status,
@@ -231,20 +231,18 @@ where
                 .iter()
                 .map(|(name, value)| (name.as_bytes(), value.as_ref())),
             mirrored: origin == Origin::Mirror,
-        }
-        .to_cmd();
-        parse_ok(&self.query(cmd).await?)
+        };
+        parse_ok(&self.query(&command).await?)
     }
 
     /// `IDEM.ABORT`: releases the key. `false` when `token` no longer holds
     /// an in-progress record (taken over, completed or gone).
     pub async fn abort(&self, key: &str, token: u64) -> Result<bool, IdemError> {
-        let cmd = Abort(KeyToken {
+        let command = Abort(KeyToken {
             key: key.as_bytes(),
             token,
-        })
-        .to_cmd();
-        parse_abort(&self.query(cmd).await?)
+        });
+        parse_abort(&self.query(&command).await?)
     }
 
     /// `IDEM.TOUCH`: extends the holder's lease to now + `lease`; answers the
@@ -255,24 +253,37 @@ where
         token: u64,
         lease: Duration,
     ) -> Result<Duration, IdemError> {
-        let cmd = Touch {
+        let command = Touch {
             key: key.as_bytes(),
             token,
             lease_ms: millis(lease),
-        }
-        .to_cmd();
-        parse_touch(&self.query(cmd).await?)
+        };
+        parse_touch(&self.query(&command).await?)
     }
 
     /// One call on the shared connection, bounded by the call timeout; an
-    /// error reply is an error. One flat future: every request's embeds it.
-    fn query(&self, cmd: Cmd) -> impl Future<Output = Result<Value, IdemError>> + Send {
-        let mut conn = self.conn.clone();
-        let timeout = self.call_timeout;
-        async move {
-            let call = conn.req_packed_command(&cmd);
-            let value = bounded(timeout, call).await?;
-            value.extract_error().map_err(IdemError::from)
+    /// error reply is an error. The command is sent at the first poll:
+    /// through a [`Pipe`] written straight from its encoder, through any
+    /// other connection as a redis-rs `Cmd`.
+    async fn query(&self, command: &(impl Encode + Sync)) -> Result<Value, IdemError> {
+        let value = match self.pipe() {
+            Some(pipe) => bounded(self.call_timeout, pipe.call(command)).await?,
+            None => {
+                let (mut conn, cmd) = (self.conn.clone(), command.to_cmd());
+                bounded(self.call_timeout, conn.req_packed_command(&cmd)).await?
+            }
+        };
+        value.extract_error().map_err(IdemError::from)
+    }
+
+    /// The shared connection when it is a [`Pipe`] (resolved when the
+    /// client's type is known: a type check the compiler folds away).
+    fn pipe(&self) -> Option<&Pipe> {
+        let conn: &dyn Any = &self.conn;
+        match conn.downcast_ref::<StandaloneConnection>() {
+            Some(StandaloneConnection::Pipe(pipe)) => Some(pipe),
+            Some(StandaloneConnection::Manager(_)) => None,
+            None => conn.downcast_ref::<Pipe>(),
         }
     }
 }

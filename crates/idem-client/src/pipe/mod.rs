@@ -17,12 +17,18 @@
 //! (max clients, protected mode) fails the connect instead of answering a
 //! caller.
 
+mod command;
 mod resp;
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use idem_core::args::Encode;
 
 use redis::aio::ConnectionLike;
 use redis::io::tcp::{socket2, TcpSettings};
@@ -234,6 +240,22 @@ impl Pipe {
         Ok(())
     }
 
+    /// Queues `command`, written straight from its encoder, and answers
+    /// its reply: what `IdemClient` sends through a `Pipe` (no `Cmd`, no
+    /// boxed future).
+    pub(crate) fn call(&self, command: &impl Encode) -> PipeReply {
+        let mut receiver = None;
+        let sent = self.send(
+            1,
+            |out| command::write(command, out),
+            |rx| receiver = Some(rx),
+        );
+        PipeReply(match sent {
+            Ok(()) => Ok(receiver.expect("one receiver per command")),
+            Err(err) => Err(Some(err)),
+        })
+    }
+
     fn send_one(&self, cmd: &Cmd) -> RedisFuture<'static, Value> {
         let mut receiver = None;
         let sent = self.send(
@@ -246,6 +268,25 @@ impl Pipe {
             let receiver = receiver.expect("one receiver per command");
             receiver.await.unwrap_or_else(|_| Err(dropped()))
         })
+    }
+}
+
+/// The reply to one [`Pipe::call`]; a call that could not be queued fails
+/// at its first poll.
+pub(crate) struct PipeReply(
+    Result<oneshot::Receiver<RedisResult<Value>>, Option<redis::RedisError>>,
+);
+
+impl Future for PipeReply {
+    type Output = RedisResult<Value>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.0 {
+            Ok(receiver) => Pin::new(receiver)
+                .poll(cx)
+                .map(|reply| reply.unwrap_or_else(|_| Err(dropped()))),
+            Err(err) => Poll::Ready(Err(err.take().expect("PipeReply polled after completion"))),
+        }
     }
 }
 
