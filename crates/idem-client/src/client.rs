@@ -13,6 +13,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
 use crate::call::{bounded, DEFAULT_CALL_TIMEOUT};
+use crate::outcome::ResponseParts;
 use crate::pipe::Pipe;
 use crate::reply::{parse_abort, parse_begin, parse_ok, parse_touch};
 use crate::standalone::{StandaloneConnection, Transport};
@@ -221,15 +222,23 @@ where
         response: &StoredResponse,
         origin: Origin,
     ) -> Result<(), IdemError> {
+        self.complete_parts(key, token, response, origin).await
+    }
+
+    /// `complete` of any response's parts (the middleware's borrowed view).
+    pub(crate) async fn complete_parts(
+        &self,
+        key: &str,
+        token: u64,
+        response: &impl ResponseParts,
+        origin: Origin,
+    ) -> Result<(), IdemError> {
         let command = CompleteArgs {
             key: key.as_bytes(),
             token,
-            status: response.status,
-            body: &response.body,
-            headers: response
-                .headers
-                .iter()
-                .map(|(name, value)| (name.as_bytes(), value.as_ref())),
+            status: response.status(),
+            body: response.body(),
+            headers: response.headers(),
             mirrored: origin == Origin::Mirror,
         };
         parse_ok(&self.query(&command).await?)

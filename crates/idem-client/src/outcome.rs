@@ -52,6 +52,38 @@ impl StoredResponse {
     }
 }
 
+/// What `IDEM.COMPLETE` sends of a response: a [`StoredResponse`], or a
+/// view of a handler's response that reads its stored headers in place
+/// (the middleware's), so the usual COMPLETE copies nothing.
+pub(crate) trait ResponseParts: Sync {
+    fn status(&self) -> u16;
+    fn body(&self) -> &[u8];
+    /// `(name, value)` in the order they are stored.
+    fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + Sync + '_;
+    /// An owned copy, for what outlives the view (a retry in the background).
+    fn to_stored(&self) -> StoredResponse;
+}
+
+impl ResponseParts for StoredResponse {
+    fn status(&self) -> u16 {
+        self.status
+    }
+
+    fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + Sync + '_ {
+        self.headers
+            .iter()
+            .map(|(name, value)| (name.as_bytes(), value.as_ref()))
+    }
+
+    fn to_stored(&self) -> StoredResponse {
+        self.clone()
+    }
+}
+
 /// Options of one `IDEM.BEGIN`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BeginOptions {

@@ -31,11 +31,38 @@ pub enum TableLayout {
 pub struct Fence {
     key: String,
     token: i64,
-    /// SHA-256 of the fingerprint; its hex (the row's) is made when used.
-    fingerprint_digest: [u8; 32],
+    fingerprint: FingerprintBytes,
     ttl: Duration,
     layout: TableLayout,
     report: Option<Arc<Mutex<FenceReport>>>,
+}
+
+/// The request fingerprint as the fence was given it. The row keeps the hex
+/// of its SHA-256, made only when a claim or a downstream key needs it: most
+/// handlers never use the fence they are handed.
+#[derive(Clone, Copy)]
+enum FingerprintBytes {
+    /// The 32 bytes the middleware sends (its `Fingerprint`), as sent.
+    Sent([u8; 32]),
+    /// The SHA-256 of fingerprint bytes of any other length.
+    Digest([u8; 32]),
+}
+
+impl FingerprintBytes {
+    fn new(fingerprint: &[u8]) -> Self {
+        match <[u8; 32]>::try_from(fingerprint) {
+            Ok(sent) => FingerprintBytes::Sent(sent),
+            Err(_) => FingerprintBytes::Digest(stored_digest(fingerprint)),
+        }
+    }
+
+    /// Lowercase hex of the SHA-256 of the fingerprint: the row's.
+    fn stored_hex(&self) -> String {
+        match self {
+            FingerprintBytes::Sent(sent) => stored_hex(sent),
+            FingerprintBytes::Digest(digest) => hex_of(digest),
+        }
+    }
 }
 
 impl std::fmt::Debug for Fence {
@@ -111,7 +138,7 @@ impl Fence {
         Fence {
             key: key.into(),
             token,
-            fingerprint_digest: stored_digest(fingerprint),
+            fingerprint: FingerprintBytes::new(fingerprint),
             ttl,
             layout: TableLayout::Unpartitioned,
             report: None,
@@ -159,7 +186,7 @@ impl Fence {
         let mut framed = Vec::with_capacity(self.key.len() + 72);
         framed.extend_from_slice(&(self.key.len() as u64).to_be_bytes());
         framed.extend_from_slice(self.key.as_bytes());
-        framed.extend_from_slice(hex_of(&self.fingerprint_digest).as_bytes());
+        framed.extend_from_slice(self.fingerprint.stored_hex().as_bytes());
         stored_hex(&framed)
     }
 
@@ -173,7 +200,7 @@ impl Fence {
             tx,
             self.layout,
             &self.key,
-            &hex_of(&self.fingerprint_digest),
+            &self.fingerprint.stored_hex(),
             self.token,
             self.ttl.as_secs_f64(),
         )

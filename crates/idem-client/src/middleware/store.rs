@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{response, Response};
+use http::{response, HeaderMap, HeaderName, Response};
 use redis::aio::ConnectionLike;
 use tokio::time::Instant;
 
@@ -15,6 +15,7 @@ use super::begin::begin;
 use super::body::IdemBody;
 use super::config::Config;
 use super::problem::{replay_response, Problem};
+use crate::outcome::ResponseParts;
 use crate::{Fingerprint, IdemError, Origin, Outcome, StoredResponse};
 
 /// How long a COMPLETE failing because Redis is unreachable is retried
@@ -42,27 +43,25 @@ impl<C> Held<'_, C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// The response the middleware stores for `parts` and `body`.
-    pub fn stored(&self, parts: &response::Parts, body: &Bytes) -> StoredResponse {
-        let mut stored = StoredResponse::new(parts.status.as_u16(), body.clone());
-        for name in &self.config.stored_headers {
-            for value in parts.headers.get_all(name) {
-                stored =
-                    stored.with_header(name.as_str(), Bytes::copy_from_slice(value.as_bytes()));
-            }
+    /// The response the middleware stores for `parts` and `body`, read in
+    /// place.
+    pub fn stored<'r>(&'r self, parts: &'r response::Parts, body: &'r Bytes) -> Handled<'r> {
+        Handled {
+            parts,
+            body,
+            names: &self.config.stored_headers,
         }
-        stored
     }
 
     /// Stores the handler's response (not fenced). When the key was taken
     /// over or lost meanwhile, BEGIN again (`answer_again`): a lost key gets
     /// the response under a new token, so a retry replays it instead of
     /// running the handler again.
-    pub async fn store<B>(&self, stored: &StoredResponse) -> Override<B> {
+    pub async fn store<B>(&self, stored: &impl ResponseParts) -> Override<B> {
         match self.complete(self.token, stored, Origin::Handler).await {
             Err(err) if err.is_unavailable() => {
                 tracing::warn!(key = self.key, error = %err, "COMPLETE failed: the response is sent, storing it goes on in the background");
-                self.store_in_background(stored.clone());
+                self.store_in_background(stored.to_stored());
                 None
             }
             result => self.settle(result, stored).await,
@@ -74,7 +73,7 @@ where
     async fn settle<B>(
         &self,
         result: Result<(), IdemError>,
-        stored: &StoredResponse,
+        stored: &impl ResponseParts,
     ) -> Override<B> {
         match result {
             Ok(()) => None,
@@ -177,7 +176,7 @@ where
     async fn complete(
         &self,
         token: u64,
-        stored: &StoredResponse,
+        stored: &impl ResponseParts,
         origin: Origin,
     ) -> Result<(), IdemError> {
         let give_up = Instant::now() + STORE_AT_ONCE;
@@ -193,7 +192,7 @@ where
     async fn complete_until(
         &self,
         token: u64,
-        stored: &StoredResponse,
+        stored: &impl ResponseParts,
         origin: Origin,
         give_up: Instant,
         mut uncertain: bool,
@@ -203,7 +202,7 @@ where
             match self
                 .config
                 .client
-                .complete(self.key, token, stored, origin)
+                .complete_parts(self.key, token, stored, origin)
                 .await
             {
                 Err(err) if err.is_unavailable() && Instant::now() < give_up => {
@@ -221,7 +220,7 @@ where
     /// BEGIN again after a `STALE` or `NOTFOUND` COMPLETE: the replay, 409
     /// while a newer holder runs, or, when nobody holds the key any more, the
     /// handler's own response stored under the new token.
-    async fn answer_again<B>(&self, stored: &StoredResponse) -> Override<B> {
+    async fn answer_again<B>(&self, stored: &impl ResponseParts) -> Override<B> {
         match begin(self.config, self.key, self.fingerprint).await {
             Ok(Outcome::Replay(now)) => Some(replay_response(now)),
             Ok(Outcome::InFlight { retry_after }) => Some(
@@ -244,5 +243,106 @@ where
                 None
             }
         }
+    }
+}
+
+/// A handler's response as the key stores it: its status, its body and the
+/// layer's `stored_headers`, read from the response where they are (only a
+/// COMPLETE retried in the background takes a copy).
+pub(crate) struct Handled<'a> {
+    parts: &'a response::Parts,
+    body: &'a Bytes,
+    names: &'a [HeaderName],
+}
+
+impl ResponseParts for Handled<'_> {
+    fn status(&self) -> u16 {
+        self.parts.status.as_u16()
+    }
+
+    fn body(&self) -> &[u8] {
+        self.body
+    }
+
+    fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + Sync + '_ {
+        StoredHeaders {
+            map: &self.parts.headers,
+            names: self.names.iter(),
+            current: None,
+        }
+    }
+
+    fn to_stored(&self) -> StoredResponse {
+        let mut stored = StoredResponse::new(self.status(), self.body.clone());
+        for (name, value) in self.headers() {
+            let name = String::from_utf8_lossy(name).into_owned();
+            stored = stored.with_header(name, Bytes::copy_from_slice(value));
+        }
+        stored
+    }
+}
+
+/// Every value of each name, names in order, values in the map's order.
+/// (`http`'s value iterator cannot be cloned; an encoder walks the headers
+/// twice, to size the command and to write it.)
+#[derive(Clone)]
+struct StoredHeaders<'a> {
+    map: &'a HeaderMap,
+    names: std::slice::Iter<'a, HeaderName>,
+    /// The name being read and how many of its values were given.
+    current: Option<(&'a HeaderName, usize)>,
+}
+
+impl<'a> Iterator for StoredHeaders<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some((name, given)) = &mut self.current {
+                if let Some(value) = self.map.get_all(&**name).iter().nth(*given) {
+                    *given += 1;
+                    return Some((name.as_str().as_bytes(), value.as_bytes()));
+                }
+            }
+            self.current = Some((self.names.next()?, 0));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_headers_are_every_value_of_each_name_in_order() {
+        let response = Response::builder()
+            .status(201)
+            .header("x-b", "1")
+            .header("content-type", "application/json")
+            .header("x-b", "2")
+            .header("x-other", "not stored")
+            .body(())
+            .unwrap();
+        let (parts, ()) = response.into_parts();
+        let names = [
+            HeaderName::from_static("x-b"),
+            HeaderName::from_static("location"),
+            HeaderName::from_static("content-type"),
+        ];
+        let body = Bytes::from_static(b"{}");
+        let handled = Handled {
+            parts: &parts,
+            body: &body,
+            names: &names,
+        };
+        let expected = StoredResponse::new(201, "{}")
+            .with_header("x-b", "1")
+            .with_header("x-b", "2")
+            .with_header("content-type", "application/json");
+        assert_eq!(handled.to_stored(), expected);
+        // Walked twice (sized, then written), it gives the same pairs.
+        let pairs: Vec<_> = handled.headers().collect();
+        assert_eq!(pairs, handled.headers().collect::<Vec<_>>());
+        assert_eq!(pairs.len(), 3);
     }
 }
