@@ -61,6 +61,7 @@ pub(crate) trait ResponseParts: Sync {
     /// `(name, value)` in the order they are stored.
     fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + Sync + '_;
     /// An owned copy, for what outlives the view (a retry in the background).
+    #[cfg(feature = "middleware")]
     fn to_stored(&self) -> StoredResponse;
 }
 
@@ -79,6 +80,7 @@ impl ResponseParts for StoredResponse {
             .map(|(name, value)| (name.as_bytes(), value.as_ref()))
     }
 
+    #[cfg(feature = "middleware")]
     fn to_stored(&self) -> StoredResponse {
         self.clone()
     }
