@@ -8,7 +8,8 @@
 //! MW_MODE: bare (the handler alone), new (a fresh key per request), replay
 //! (one key). MW_REQUESTS (20000), MW_CONCURRENCY (32), MW_THREADS (0: a
 //! current-thread runtime, which callgrind counts repeatably; else that many
-//! workers).
+//! workers), MW_BODY (canonical JSON; `unsorted`: the same members in
+//! another order).
 
 use std::time::Instant;
 
@@ -21,7 +22,16 @@ use idem_client::{IdemClient, IdempotencyLayer};
 use idem_testkit::RedisConfig;
 use tower::{Layer, Service, ServiceExt};
 
-const BODY: &str = r#"{"amount":1250,"currency":"EUR","recipient":"acct_bench"}"#;
+/// The request body: canonical JSON (members sorted, compact), or with
+/// MW_BODY=unsorted the same members in another order, so canonicalization
+/// takes its full way.
+fn request_body() -> &'static str {
+    static BODY: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    BODY.get_or_init(|| match std::env::var("MW_BODY").as_deref() {
+        Ok("unsorted") => r#"{"recipient":"acct_bench","amount":1250,"currency":"EUR"}"#,
+        _ => r#"{"amount":1250,"currency":"EUR","recipient":"acct_bench"}"#,
+    })
+}
 
 /// CPU seconds of all threads of this process (schedstat, ns precision).
 fn cpu_seconds() -> f64 {
@@ -46,7 +56,7 @@ where
     B::Error: std::fmt::Debug,
 {
     let body = request.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(body.len(), BODY.len());
+    assert_eq!(body.len(), request_body().len());
     let mut response = Response::new(Full::new(Bytes::from_static(
         br#"{"id":"pay_0123456789","amount":1250,"currency":"EUR","recipient":"acct_bench","status":"created"}"#,
     )));
@@ -71,7 +81,7 @@ fn request(key: Option<String>) -> Request<Full<Bytes>> {
         builder = builder.header("idempotency-key", key);
     }
     builder
-        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        .body(Full::new(Bytes::from_static(request_body().as_bytes())))
         .unwrap()
 }
 

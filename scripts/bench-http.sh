@@ -35,7 +35,8 @@ fi
 baseline_rev=${MW_BASELINE_REV:-6b1b6e3}
 baseline_dir=$PWD/target/baseline
 baseline_bin=$baseline_dir/target/release/examples/mw_cpu
-if [[ ! -x $baseline_bin || $(cat "$baseline_dir/rev" 2>/dev/null) != "$baseline_rev" ]]; then
+baseline_id="$baseline_rev $(sha256sum <bench/mw_cpu_baseline.rs | cut -c1-16)"
+if [[ ! -x $baseline_bin || $(cat "$baseline_dir/id" 2>/dev/null) != "$baseline_id" ]]; then
   echo "building the baseline ($baseline_rev) in $baseline_dir/src"
   rm -rf "$baseline_dir"
   git worktree prune
@@ -45,7 +46,7 @@ if [[ ! -x $baseline_bin || $(cat "$baseline_dir/rev" 2>/dev/null) != "$baseline
   cp bench/mw_cpu_baseline.rs "$baseline_dir/src/crates/idem-client/examples/mw_cpu.rs"
   (cd "$baseline_dir/src" && CARGO_TARGET_DIR=$baseline_dir/target \
     cargo build --release -q -p idem-client --example mw_cpu)
-  echo "$baseline_rev" >"$baseline_dir/rev"
+  echo "$baseline_id" >"$baseline_dir/id"
 fi
 current_bin=target/release/examples/mw_cpu
 
@@ -92,26 +93,31 @@ ensure_packages valgrind:valgrind callgrind_annotate:valgrind
 cg_requests=${MW_CG_REQUESTS:-3000}
 cg_dir=$(mktemp -d)
 trap 'rm -rf "$cg_dir"' EXIT
+# The bench's body is canonical JSON, which the fingerprint hashes as it
+# is; `:unsorted` is the same body with its members in another order
+# (MW_BODY), canonicalized the full way.
 declare -A ir sha
 for build in baseline current; do
   bin=$current_bin
   [[ $build == baseline ]] && bin=$baseline_bin
-  for mode in bare new replay; do
-    out=$cg_dir/$build-$mode.out
-    MW_MODE=$mode MW_THREADS=0 MW_REQUESTS=$cg_requests \
+  for spec in bare new replay new:unsorted replay:unsorted; do
+    mode=${spec%%:*} body=canonical
+    [[ $spec == *:* ]] && body=${spec#*:}
+    out=$cg_dir/$build-${spec/:/-}.out
+    MW_MODE=$mode MW_BODY=$body MW_THREADS=0 MW_REQUESTS=$cg_requests \
       valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" >/dev/null 2>&1
-    ir[$build:$mode]=$(awk '/^summary:/ {print $2}' "$out")
-    sha[$build:$mode]=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
+    ir[$build:$spec]=$(awk '/^summary:/ {print $2}' "$out")
+    sha[$build:$spec]=$(callgrind_annotate --inclusive=yes "$out" 2>/dev/null |
       awk '!found && /sha2::sha256::compress256 \[/ {gsub(",", "", $1); print $1; found = 1}')
   done
 done
 per=$((cg_requests + 2001))
-for mode in replay new; do
+for mode in replay new replay:unsorted new:unsorted; do
   awk -v m="$mode" -v n="$per" \
     -v b="${ir[baseline:$mode]}" -v bb="${ir[baseline:bare]}" -v bs="${sha[baseline:$mode]:-0}" \
     -v c="${ir[current:$mode]}" -v cb="${ir[current:bare]}" -v cs="${sha[current:$mode]:-0}" 'BEGIN {
     base = (b - bb) / n; now = (c - cb) / n
     base_nosha = (b - bs - bb) / n; now_nosha = (c - cs - cb) / n
-    printf "  %-6s layer per request: baseline %6.0f, now %6.0f instructions: %.2fx; without SHA-256 %6.0f -> %6.0f: %.2fx (target <= 0.5x)\n",
+    printf "  %-15s layer per request: baseline %6.0f, now %6.0f instructions: %.2fx; without SHA-256 %6.0f -> %6.0f: %.2fx (target <= 0.5x)\n",
       m, base, now, now / base, base_nosha, now_nosha, now_nosha / base_nosha }'
 done

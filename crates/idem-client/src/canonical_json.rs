@@ -27,6 +27,127 @@ pub fn canonicalize(input: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Whether `input` is JSON already in its canonical form, so that
+/// `canonicalize(input)` would give it back unchanged: checked in one pass
+/// without building a tree. Only the plainest form is recognized (no
+/// whitespace, ASCII without escapes, integers of at most 15 digits, members
+/// in strictly ascending order, at most 64 levels deep); anything else
+/// answers `false`, whatever `canonicalize` makes of it.
+pub fn is_canonical(input: &[u8]) -> bool {
+    let mut at = 0;
+    plain::value(input, &mut at, 0) && at == input.len()
+}
+
+/// The scanner behind `is_canonical`: each function reads one element at
+/// `*at` and answers whether it is in the plain canonical form.
+mod plain {
+    /// Deeper documents go the full way (serde_json's own limit is 128).
+    const MAX_DEPTH: usize = 64;
+    /// Integers of up to 15 digits are exact doubles written as they are.
+    const MAX_DIGITS: usize = 15;
+
+    pub(super) fn value(b: &[u8], at: &mut usize, depth: usize) -> bool {
+        match b.get(*at) {
+            Some(b'{') => depth < MAX_DEPTH && object(b, at, depth + 1),
+            Some(b'[') => depth < MAX_DEPTH && array(b, at, depth + 1),
+            Some(b'"') => string(b, at).is_some(),
+            Some(b't') => literal(b, at, b"true"),
+            Some(b'f') => literal(b, at, b"false"),
+            Some(b'n') => literal(b, at, b"null"),
+            Some(b'-' | b'0'..=b'9') => integer(b, at),
+            _ => false,
+        }
+    }
+
+    fn object(b: &[u8], at: &mut usize, depth: usize) -> bool {
+        *at += 1;
+        if b.get(*at) == Some(&b'}') {
+            *at += 1;
+            return true;
+        }
+        let mut previous: Option<&[u8]> = None;
+        loop {
+            // ASCII names: byte order is UTF-16 code unit order.
+            let Some(name) = string(b, at) else {
+                return false;
+            };
+            if previous.is_some_and(|p| p >= name) || b.get(*at) != Some(&b':') {
+                return false;
+            }
+            previous = Some(name);
+            *at += 1;
+            if !value(b, at, depth) {
+                return false;
+            }
+            match b.get(*at) {
+                Some(b',') => *at += 1,
+                Some(b'}') => {
+                    *at += 1;
+                    return true;
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    fn array(b: &[u8], at: &mut usize, depth: usize) -> bool {
+        *at += 1;
+        if b.get(*at) == Some(&b']') {
+            *at += 1;
+            return true;
+        }
+        loop {
+            if !value(b, at, depth) {
+                return false;
+            }
+            match b.get(*at) {
+                Some(b',') => *at += 1,
+                Some(b']') => {
+                    *at += 1;
+                    return true;
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// A string of printable ASCII (and DEL) without escapes; its content.
+    fn string<'a>(b: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
+        if b.get(*at) != Some(&b'"') {
+            return None;
+        }
+        let start = *at + 1;
+        let len = b[start..]
+            .iter()
+            .position(|&c| !(0x20..=0x7f).contains(&c) || c == b'"' || c == b'\\')?;
+        let end = start + len;
+        if b[end] != b'"' {
+            return None;
+        }
+        *at = end + 1;
+        Some(&b[start..end])
+    }
+
+    fn literal(b: &[u8], at: &mut usize, word: &[u8]) -> bool {
+        let found = b[*at..].starts_with(word);
+        *at += word.len();
+        found
+    }
+
+    /// `0` or a non-zero integer without leading zeros (not `-0`).
+    fn integer(b: &[u8], at: &mut usize) -> bool {
+        let negative = b[*at] == b'-';
+        let start = *at + usize::from(negative);
+        let digits = b[start..].iter().take_while(|c| c.is_ascii_digit()).count();
+        *at = start + digits;
+        match b.get(start) {
+            Some(b'0') => digits == 1 && !negative,
+            Some(b'1'..=b'9') => digits <= MAX_DIGITS,
+            _ => false,
+        }
+    }
+}
+
 /// Canonical form of an already parsed value.
 pub fn canonicalize_value(value: &Value) -> Vec<u8> {
     let mut out = Vec::new();
@@ -474,6 +595,176 @@ mod tests {
             let expected = String::from_utf8(canonicalize_value(&value)).unwrap();
             assert_eq!(canon(input), expected, "input {input}");
         }
+    }
+
+    #[test]
+    fn recognizes_the_plain_canonical_form() {
+        let canonical = [
+            r#"{"amount":1250,"currency":"EUR","recipient":"acct_bench"}"#,
+            r#"{"a":[1,{"b":null},[]],"b":true,"c":{},"d":-12,"e":0}"#,
+            "\"text with \u{7f} and /\"",
+            "[]",
+            "{}",
+            "0",
+            "-999999999999999",
+            "false",
+        ];
+        for input in canonical {
+            assert!(is_canonical(input.as_bytes()), "{input}");
+            assert_eq!(canon(input), input, "{input}");
+        }
+        let deep = |levels: usize| "[".repeat(levels) + &"]".repeat(levels);
+        assert!(is_canonical(deep(64).as_bytes()));
+        let not_recognized = [
+            r#"{"b":1,"a":2}"#,
+            r#"{"a":1,"a":2}"#,
+            r#"{"a": 1}"#,
+            " 1",
+            "1 ",
+            "-0",
+            "1.5",
+            "1e3",
+            "01",
+            "1000000000000000",
+            r#""\n""#,
+            r#""\u0041""#,
+            "\"\u{e9}\"",
+            "\"\x01\"",
+            r#"{"a":1"#,
+            r#"{"a":1}x"#,
+            "[1,]",
+            "tru",
+            "nul",
+            "",
+        ];
+        for input in not_recognized {
+            assert!(!is_canonical(input.as_bytes()), "{input}");
+        }
+        assert!(!is_canonical(deep(65).as_bytes()));
+        // Not recognized is not refused: the full way still canonicalizes.
+        assert_eq!(canon(&deep(65)), deep(65));
+        assert_eq!(canon(r#"{"b":1,"a":2}"#), r#"{"a":2,"b":1}"#);
+    }
+
+    /// Random documents, written canonically or not: whatever `is_canonical`
+    /// recognizes, `canonicalize` gives back unchanged, and the canonical
+    /// form of a plain document is recognized.
+    #[test]
+    fn what_is_recognized_is_what_canonicalize_gives_back() {
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut recognized = 0;
+        for _ in 0..20_000 {
+            let mut doc = String::new();
+            let plain = write_random(&mut doc, &mut next, 0);
+            let input = doc.as_bytes();
+            if is_canonical(input) {
+                recognized += 1;
+                assert_eq!(canonicalize(input).as_deref(), Some(input), "{doc}");
+            }
+            if plain {
+                let canonical = canonicalize(input).expect("generated JSON");
+                let text = String::from_utf8(canonical.clone()).unwrap();
+                assert!(is_canonical(&canonical), "{doc} -> {text}");
+            }
+        }
+        assert!(recognized > 1_000, "only {recognized} recognized");
+    }
+
+    /// Writes a random JSON document (sometimes with whitespace, unsorted or
+    /// repeated names, escapes, fractions, non-ASCII); answers whether its
+    /// canonical form stays in what `is_canonical` recognizes.
+    fn write_random(out: &mut String, next: &mut impl FnMut(u64) -> u64, depth: usize) -> bool {
+        let space = |out: &mut String, next: &mut dyn FnMut(u64) -> u64| {
+            if next(20) == 0 {
+                out.push(' ');
+            }
+        };
+        match next(if depth > 3 { 5 } else { 7 }) {
+            0 => {
+                out.push_str(["true", "false", "null"][next(3) as usize]);
+                true
+            }
+            1 => {
+                let n = next(2_000_001) as i64 - 1_000_000;
+                out.push_str(&n.to_string());
+                true
+            }
+            2 => {
+                let (text, plain) = match next(8) {
+                    0 => ("1.5", false),
+                    1 => ("-0", true),
+                    2 => ("1e2", true),
+                    3 => ("12345678901234567", false),
+                    _ => ("7", true),
+                };
+                out.push_str(text);
+                plain
+            }
+            3 | 4 => {
+                let (text, plain) = random_string(next);
+                out.push_str(&text);
+                plain
+            }
+            5 => {
+                out.push('[');
+                let mut plain = true;
+                for i in 0..next(4) {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    space(out, next);
+                    plain &= write_random(out, next, depth + 1);
+                }
+                out.push(']');
+                plain
+            }
+            _ => {
+                out.push('{');
+                let mut plain = true;
+                for i in 0..next(4) {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    let (name, plain_name) = random_string(next);
+                    out.push_str(&name);
+                    space(out, next);
+                    out.push(':');
+                    plain &= plain_name & write_random(out, next, depth + 1);
+                }
+                out.push('}');
+                plain
+            }
+        }
+    }
+
+    /// A short JSON string literal; `false` when its canonical form has an
+    /// escape or non-ASCII.
+    fn random_string(next: &mut impl FnMut(u64) -> u64) -> (String, bool) {
+        let mut text = String::from('"');
+        let mut plain = true;
+        for _ in 0..next(3) {
+            match next(12) {
+                0 => {
+                    text.push_str("\\n");
+                    plain = false;
+                }
+                1 => text.push_str("\\u0062"),
+                2 => {
+                    text.push('é');
+                    plain = false;
+                }
+                3 => text.push_str("\\/"),
+                n => text.push(char::from(b'a' + n as u8)),
+            }
+        }
+        text.push('"');
+        (text, plain)
     }
 
     #[test]

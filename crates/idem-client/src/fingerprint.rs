@@ -3,6 +3,8 @@
 //! RFC 8785-canonical JSON), so that no two different requests share a
 //! framing.
 
+use std::borrow::Cow;
+
 use http::header::{HeaderMap, HeaderName, CONTENT_TYPE};
 use http::{Method, Uri};
 use sha2::{Digest, Sha256};
@@ -149,11 +151,16 @@ impl Fingerprinter {
         Fingerprint(hasher.finalize().into())
     }
 
-    fn canonical_body(&self, headers: &HeaderMap, body: &[u8]) -> Option<Vec<u8>> {
+    /// The body's canonical JSON; a body already canonical is taken as it
+    /// is (the same bytes, without a tree built to find out).
+    fn canonical_body<'b>(&self, headers: &HeaderMap, body: &'b [u8]) -> Option<Cow<'b, [u8]>> {
         if !self.canonical_json || !is_json(headers) {
             return None;
         }
-        canonical_json::canonicalize(body)
+        if canonical_json::is_canonical(body) {
+            return Some(Cow::Borrowed(body));
+        }
+        canonical_json::canonicalize(body).map(Cow::Owned)
     }
 }
 

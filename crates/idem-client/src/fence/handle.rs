@@ -267,6 +267,15 @@ mod tests {
     }
 
     #[test]
+    fn the_rows_fingerprint_is_the_hex_sha256_of_any_length() {
+        let ttl = Duration::from_secs(60);
+        for fingerprint in [&[7u8; 32][..], b"fp", &[9u8; 33][..], b""] {
+            let fence = Fence::new("k", 1, fingerprint, ttl);
+            assert_eq!(fence.fingerprint.stored_hex(), stored_hex(fingerprint));
+        }
+    }
+
+    #[test]
     #[should_panic(expected = "positive")]
     fn a_zero_token_is_refused() {
         let _ = Fence::new("k", 0, b"fp", Duration::from_secs(1));
