@@ -425,10 +425,24 @@ pub fn wait_link_up(c: &mut Connection) {
     assert!(up, "replica never synced: {:?}", info(c, "replication"));
 }
 
-/// `WAIT 1 5000` on the primary: the replica has applied everything so far.
+/// Waits until the (one) replica has applied everything the primary has
+/// propagated so far, whichever connection wrote it: `WAIT 1 5000` covers
+/// only this connection's own writes, so the offset the replica acknowledged
+/// is then compared with the primary's (replicas acknowledge every second).
 pub fn sync_replica(primary: &mut Connection) {
     let n = int(&ok(primary, &["WAIT", "1", "5000"]));
     assert_eq!(n, 1, "replica did not acknowledge in time");
+    let replication = info(primary, "replication");
+    let target: i64 = replication["master_repl_offset"].parse().unwrap();
+    let acked = |primary: &mut Connection| -> Option<i64> {
+        let replica = info(primary, "replication").remove("slave0")?;
+        let offset = replica.split(',').find_map(|f| f.strip_prefix("offset="))?;
+        offset.parse().ok()
+    };
+    let caught_up = eventually(Duration::from_secs(10), || {
+        acked(primary).is_some_and(|offset| offset >= target)
+    });
+    assert!(caught_up, "replica at {:?} of {target}", acked(primary));
 }
 
 /// Waits for a background rewrite or save to finish.
