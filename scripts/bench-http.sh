@@ -36,6 +36,10 @@ baseline_rev=${MW_BASELINE_REV:-6b1b6e3}
 baseline_dir=$PWD/target/baseline
 baseline_bin=$baseline_dir/target/release/examples/mw_cpu
 baseline_id="$baseline_rev $(sha256sum <bench/mw_cpu_baseline.rs | cut -c1-16)"
+if ! git rev-parse -q --verify "$baseline_rev^{commit}" >/dev/null; then
+  echo "bench-http: the baseline commit $baseline_rev is not in this checkout (a shallow clone?); fetch the history" >&2
+  exit 1
+fi
 if [[ ! -x $baseline_bin || $(cat "$baseline_dir/id" 2>/dev/null) != "$baseline_id" ]]; then
   echo "building the baseline ($baseline_rev) in $baseline_dir/src"
   rm -rf "$baseline_dir"
