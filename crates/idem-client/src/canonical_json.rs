@@ -60,13 +60,8 @@ mod plain {
     }
 
     fn object(b: &[u8], at: &mut usize, depth: usize) -> bool {
-        *at += 1;
-        if b.get(*at) == Some(&b'}') {
-            *at += 1;
-            return true;
-        }
         let mut previous: Option<&[u8]> = None;
-        loop {
+        items(b, at, b'}', |b, at| {
             // ASCII names: byte order is UTF-16 code unit order.
             let Some(name) = string(b, at) else {
                 return false;
@@ -76,33 +71,34 @@ mod plain {
             }
             previous = Some(name);
             *at += 1;
-            if !value(b, at, depth) {
-                return false;
-            }
-            match b.get(*at) {
-                Some(b',') => *at += 1,
-                Some(b'}') => {
-                    *at += 1;
-                    return true;
-                }
-                _ => return false,
-            }
-        }
+            value(b, at, depth)
+        })
     }
 
     fn array(b: &[u8], at: &mut usize, depth: usize) -> bool {
+        items(b, at, b']', |b, at| value(b, at, depth))
+    }
+
+    /// The items of an array or object opened at `*at`, each read by
+    /// `item`, separated by commas, up to `close`.
+    fn items<'a>(
+        b: &'a [u8],
+        at: &mut usize,
+        close: u8,
+        mut item: impl FnMut(&'a [u8], &mut usize) -> bool,
+    ) -> bool {
         *at += 1;
-        if b.get(*at) == Some(&b']') {
+        if b.get(*at) == Some(&close) {
             *at += 1;
             return true;
         }
         loop {
-            if !value(b, at, depth) {
+            if !item(b, at) {
                 return false;
             }
             match b.get(*at) {
                 Some(b',') => *at += 1,
-                Some(b']') => {
+                Some(&c) if c == close => {
                     *at += 1;
                     return true;
                 }

@@ -27,11 +27,6 @@ impl ArgSink for Resp<'_> {
         out.extend_from_slice(arg);
         out.extend_from_slice(b"\r\n");
     }
-
-    fn uint(&mut self, n: u64) {
-        let mut digits = itoa::Buffer::new();
-        self.arg(digits.format(n).as_bytes());
-    }
 }
 
 fn decimal(out: &mut Vec<u8>, n: u64) {

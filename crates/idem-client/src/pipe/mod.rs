@@ -244,29 +244,16 @@ impl Pipe {
     /// its reply: what `IdemClient` sends through a `Pipe` (no `Cmd`, no
     /// boxed future).
     pub(crate) fn call(&self, command: &impl Encode) -> PipeReply {
+        self.queue_one(|out| command::write(command, out))
+    }
+
+    /// Queues one command written by `write`; its reply.
+    fn queue_one(&self, write: impl FnOnce(&mut Vec<u8>)) -> PipeReply {
         let mut receiver = None;
-        let sent = self.send(
-            1,
-            |out| command::write(command, out),
-            |rx| receiver = Some(rx),
-        );
+        let sent = self.send(1, write, |rx| receiver = Some(rx));
         PipeReply(match sent {
             Ok(()) => Ok(receiver.expect("one receiver per command")),
             Err(err) => Err(Some(err)),
-        })
-    }
-
-    fn send_one(&self, cmd: &Cmd) -> RedisFuture<'static, Value> {
-        let mut receiver = None;
-        let sent = self.send(
-            1,
-            |out| cmd.write_packed_command(out),
-            |rx| receiver = Some(rx),
-        );
-        Box::pin(async move {
-            sent?;
-            let receiver = receiver.expect("one receiver per command");
-            receiver.await.unwrap_or_else(|_| Err(dropped()))
         })
     }
 }
@@ -292,7 +279,7 @@ impl Future for PipeReply {
 
 impl ConnectionLike for Pipe {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        self.send_one(cmd)
+        Box::pin(self.queue_one(|out| cmd.write_packed_command(out)))
     }
 
     fn req_packed_commands<'a>(
