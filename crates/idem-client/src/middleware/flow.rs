@@ -5,6 +5,10 @@
 //! keep the lease alive meanwhile, and settle the key (see `store`). The
 //! handler finds a `Fence` in its request extensions; when it used it, the
 //! fence's report decides what Redis keeps.
+//!
+//! Every request's flow is one allocation the size of its largest state, so
+//! paths most requests never take (fail-open, the fence's settling, lease
+//! renewal, answering again) await boxed futures of their own.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -83,7 +87,7 @@ where
         Ok(Outcome::Mismatch) => Ok(Problem::Mismatch.into_response()),
         Err(err) if err.is_unreachable() && config.fail_open => {
             tracing::warn!(error = %err, "idempotency store unavailable; running the request unprotected (fail-open)");
-            let response = inner.oneshot(request).await?;
+            let response = Box::pin(inner.oneshot(request)).await?;
             Ok(response.map(IdemBody::inner))
         }
         Err(err) if err.is_unavailable() => {
@@ -200,22 +204,24 @@ where
     let (config, key) = (held.config, held.key);
     let report = config.attach_fence(request.extensions_mut(), key, held.token, held.fingerprint);
     let limit = config.max_response_body;
-    let work = async move {
+    // Pinned here and lent to `keep_lease`: moved in, it would be stored
+    // twice in the flow's state (as the argument and as its pinned local).
+    let work = std::pin::pin!(async move {
         let response = inner.oneshot(request).await?;
         let (parts, body) = response.into_parts();
         Ok((parts, collect_limited(body, limit).await))
-    };
+    });
     let outcome = keep_lease(config, key, held.token, work).await;
     let report = std::mem::take(&mut *report.lock().unwrap_or_else(|p| p.into_inner()));
     let (parts, collected) = match outcome {
         Ok(done) => done,
         Err(err) => {
-            settle_fence::<C, ResBody>(held, report).await;
+            Box::pin(settle_fence::<C, ResBody>(held, report)).await;
             return Err(err);
         }
     };
     if report != FenceReport::Unused {
-        if let Some(answer) = settle_fence(held, report).await {
+        if let Some(answer) = Box::pin(settle_fence(held, report)).await {
             return Ok(answer);
         }
         return Ok(respond(key, parts, collected));
@@ -298,7 +304,12 @@ fn respond<B>(
 /// Awaits `work` while renewing the lease every third of it. Renewal stops
 /// for good when the module says the key is no longer ours. The timer is
 /// armed only when `work` does not finish at once.
-async fn keep_lease<C, F: Future>(config: &Config<C>, key: &str, token: u64, work: F) -> F::Output
+async fn keep_lease<C, F: Future>(
+    config: &Config<C>,
+    key: &str,
+    token: u64,
+    mut work: Pin<&mut F>,
+) -> F::Output
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -309,7 +320,7 @@ where
         tokio::pin!(next);
         loop {
             next.as_mut().await;
-            match config.client.touch(key, token, lease).await {
+            match Box::pin(config.client.touch(key, token, lease)).await {
                 Ok(_) => {}
                 Err(
                     err @ (IdemError::Stale(_) | IdemError::NotFound(_) | IdemError::Completed(_)),
@@ -326,10 +337,9 @@ where
                 .reset(if due > now { due } else { now + every });
         }
     };
-    tokio::pin!(work);
     tokio::select! {
         biased;
-        output = &mut work => output,
+        output = work.as_mut() => output,
         () = renew => work.await,
     }
 }

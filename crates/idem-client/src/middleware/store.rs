@@ -56,7 +56,8 @@ where
     /// Stores the handler's response (not fenced). When the key was taken
     /// over or lost meanwhile, BEGIN again (`answer_again`): a lost key gets
     /// the response under a new token, so a retry replays it instead of
-    /// running the handler again.
+    /// running the handler again (boxed: a rare path, kept out of every
+    /// request's state).
     pub async fn store<B>(&self, stored: &impl ResponseParts) -> Override<B> {
         match self.complete(self.token, stored, Origin::Handler).await {
             Err(err) if err.is_unavailable() => {
@@ -82,14 +83,14 @@ where
                     key = self.key,
                     "lease lost before COMPLETE (taken over): answering what the key holds now"
                 );
-                self.answer_again(stored).await
+                Box::pin(self.answer_again(stored)).await
             }
             Err(IdemError::NotFound(_)) => {
                 tracing::warn!(
                     key = self.key,
                     "the key vanished from Redis before COMPLETE: storing the response under a new token"
                 );
-                self.answer_again(stored).await
+                Box::pin(self.answer_again(stored)).await
             }
             Err(err) if err.is_unavailable() => {
                 tracing::error!(key = self.key, error = %err, "gave up storing the response: a retry after the key's lease lapses runs the handler again");
