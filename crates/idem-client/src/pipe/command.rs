@@ -4,23 +4,40 @@
 
 use idem_core::args::{ArgSink, Encode};
 
-/// Appends `command` to `out` as one RESP2 array.
-pub(crate) fn write(command: &impl Encode, out: &mut Vec<u8>) {
+/// Appends `command` to `out` as one RESP2 array. An encoder that writes
+/// other arguments than it measured fails the call (the caller drops what
+/// was appended): its array's length would swallow or leave over arguments
+/// of the commands after it.
+pub(crate) fn write(command: &impl Encode, out: &mut Vec<u8>) -> redis::RedisResult<()> {
     let size = command.size();
     // Each argument adds "$", its length (digits) and two CRLFs.
     out.reserve(size.bytes + 16 * size.args + 16);
     out.push(b'*');
     decimal(out, size.args as u64);
     out.extend_from_slice(b"\r\n");
-    command.encode(&mut Resp(out));
+    let mut sink = Resp { out, args: 0 };
+    command.encode(&mut sink);
+    if sink.args != size.args {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "command encoder miscounted its arguments",
+            format!("measured {}, wrote {}", size.args, sink.args),
+        )));
+    }
+    Ok(())
 }
 
-/// An `ArgSink` that writes each argument as a RESP2 bulk string.
-struct Resp<'a>(&'a mut Vec<u8>);
+/// An `ArgSink` that writes each argument as a RESP2 bulk string, and
+/// counts them.
+struct Resp<'a> {
+    out: &'a mut Vec<u8>,
+    args: usize,
+}
 
 impl ArgSink for Resp<'_> {
     fn arg(&mut self, arg: &[u8]) {
-        let out = &mut *self.0;
+        self.args += 1;
+        let out = &mut *self.out;
         out.push(b'$');
         decimal(out, arg.len() as u64);
         out.extend_from_slice(b"\r\n");
@@ -66,13 +83,13 @@ mod tests {
         };
         let abort = Abort(KeyToken { key: b"", token: 0 });
         let mut out = Vec::new();
-        write(&begin, &mut out);
+        write(&begin, &mut out).unwrap();
         assert_eq!(out, redis_rs(&begin));
         out.clear();
-        write(&complete, &mut out);
+        write(&complete, &mut out).unwrap();
         assert_eq!(out, redis_rs(&complete));
         // Appended after what the buffer holds.
-        write(&abort, &mut out);
+        write(&abort, &mut out).unwrap();
         assert_eq!(out, [redis_rs(&complete), redis_rs(&abort)].concat());
     }
 }

@@ -23,6 +23,7 @@ mod resp;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -192,11 +193,13 @@ impl Pipe {
     }
 
     /// Queues `count` replies' worth of commands (written by `write`) and
-    /// hands `receive` where each reply will arrive, in order.
+    /// hands `receive` where each reply will arrive, in order. A `write`
+    /// that fails or panics leaves nothing queued: the bytes of half a
+    /// command would pair every later reply with the wrong caller.
     fn send(
         &self,
         count: usize,
-        write: impl FnOnce(&mut Vec<u8>),
+        write: impl FnOnce(&mut Vec<u8>) -> RedisResult<()>,
         mut receive: impl FnMut(oneshot::Receiver<RedisResult<Value>>),
     ) -> Result<(), redis::RedisError> {
         let mut state = self.shared.lock();
@@ -222,8 +225,19 @@ impl Pipe {
                 "too many calls queued on the connection",
             ));
         }
-        let was_empty = state.out.is_empty();
-        write(&mut state.out);
+        let start = state.out.len();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| write(&mut state.out))) {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                state.out.truncate(start);
+                return Err(err);
+            }
+            Err(panic) => {
+                state.out.truncate(start);
+                drop(state);
+                std::panic::resume_unwind(panic);
+            }
+        }
         state.queued += count;
         for _ in 0..count {
             let (tx, rx) = oneshot::channel();
@@ -232,7 +246,7 @@ impl Pipe {
         }
         // The writer is woken once per batch: a non-empty buffer has a
         // wake-up pending already.
-        if was_empty {
+        if start == 0 {
             if let Link::Up(session) = &state.link {
                 session.wake_writer.notify_one();
             }
@@ -248,7 +262,7 @@ impl Pipe {
     }
 
     /// Queues one command written by `write`; its reply.
-    fn queue_one(&self, write: impl FnOnce(&mut Vec<u8>)) -> PipeReply {
+    fn queue_one(&self, write: impl FnOnce(&mut Vec<u8>) -> RedisResult<()>) -> PipeReply {
         let mut receiver = None;
         let sent = self.send(1, write, |rx| receiver = Some(rx));
         PipeReply(match sent {
@@ -279,7 +293,10 @@ impl Future for PipeReply {
 
 impl ConnectionLike for Pipe {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.queue_one(|out| cmd.write_packed_command(out)))
+        Box::pin(self.queue_one(|out| {
+            cmd.write_packed_command(out);
+            Ok(())
+        }))
     }
 
     fn req_packed_commands<'a>(
@@ -291,7 +308,10 @@ impl ConnectionLike for Pipe {
         let mut receivers = Vec::with_capacity(offset + count);
         let sent = self.send(
             offset + count,
-            |out| out.extend_from_slice(&pipeline.get_packed_pipeline()),
+            |out| {
+                out.extend_from_slice(&pipeline.get_packed_pipeline());
+                Ok(())
+            },
             |rx| receivers.push(rx),
         );
         Box::pin(async move {
@@ -735,4 +755,79 @@ where
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    use idem_core::args::{ArgSink, Encode};
+    use idem_testkit::RedisServer;
+    use redis::Value;
+
+    use super::Pipe;
+
+    /// `ECHO word`, until the call that writes it (the second `encode`, after
+    /// `size`) goes wrong: one argument fewer than measured, or a panic
+    /// after the first argument.
+    struct Faulty {
+        fault: Fault,
+        encodes: Cell<u32>,
+    }
+
+    #[derive(Clone, Copy)]
+    enum Fault {
+        Miscount,
+        Panic,
+    }
+
+    impl Encode for Faulty {
+        fn encode(&self, out: &mut impl ArgSink) {
+            let writing = self.encodes.replace(self.encodes.get() + 1) > 0;
+            out.arg(b"ECHO");
+            match self.fault {
+                Fault::Miscount if writing => {}
+                Fault::Panic if writing => panic!("encoder failed"),
+                _ => out.arg(b"word"),
+            }
+        }
+    }
+
+    struct Echo(&'static [u8]);
+
+    impl Encode for Echo {
+        fn encode(&self, out: &mut impl ArgSink) {
+            out.arg(b"ECHO");
+            out.arg(self.0);
+        }
+    }
+
+    /// A command whose encoder fails or panics is queued not at all: the
+    /// calls after it on the same connection get their own replies (before,
+    /// its half-written bytes broke the stream for every later caller).
+    #[tokio::test]
+    async fn a_failing_encoder_leaves_nothing_queued() {
+        let server = RedisServer::start();
+        let pipe = Pipe::connect(&server.client()).await.unwrap();
+        for fault in [Fault::Miscount, Fault::Panic] {
+            let faulty = Faulty {
+                fault,
+                encodes: Cell::new(0),
+            };
+            match fault {
+                Fault::Miscount => {
+                    let err = pipe.call(&faulty).await.unwrap_err();
+                    assert!(err.to_string().contains("miscounted"), "{err}");
+                }
+                Fault::Panic => {
+                    let panicked = catch_unwind(AssertUnwindSafe(|| drop(pipe.call(&faulty))));
+                    assert!(panicked.is_err(), "the encoder's panic reaches its caller");
+                }
+            }
+            let (a, b) = (pipe.call(&Echo(b"a")), pipe.call(&Echo(b"b")));
+            assert_eq!(a.await.unwrap(), Value::BulkString(b"a".to_vec()));
+            assert_eq!(b.await.unwrap(), Value::BulkString(b"b".to_vec()));
+        }
+    }
 }
