@@ -54,26 +54,31 @@ where
     ResBody::Error: Into<BoxError>,
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let (parts, body) = request.into_parts();
-    let body = match collect_limited(body, config.max_request_body).await {
-        Ok(Collected::Complete(body)) => body,
-        Ok(Collected::Overflow { .. }) => return Ok(Problem::RequestTooLarge.into_response()),
-        Err(err) => {
-            tracing::debug!(error = %err, "request body could not be read");
-            return Ok(Problem::UnreadableRequest.into_response());
-        }
+    // In a block of its own: what it leaves behind takes no room in the
+    // flow's later states.
+    let (request, key, fingerprint) = {
+        let (parts, body) = request.into_parts();
+        let body = match collect_limited(body, config.max_request_body).await {
+            Ok(Collected::Complete(body)) => body,
+            Ok(Collected::Overflow { .. }) => return Ok(Problem::RequestTooLarge.into_response()),
+            Err(err) => {
+                tracing::debug!(error = %err, "request body could not be read");
+                return Ok(Problem::UnreadableRequest.into_response());
+            }
+        };
+        let tenant = config
+            .tenant
+            .as_ref()
+            .and_then(|tenant| tenant(&parts))
+            .unwrap_or_default();
+        let key = redis_key(&config.key_prefix, &tenant, &key);
+        let fingerprint =
+            config
+                .fingerprinter
+                .fingerprint(&parts.method, &parts.uri, &parts.headers, &body);
+        let request = Request::from_parts(parts, IdemBody::full(body));
+        (request, key, fingerprint)
     };
-    let tenant = config
-        .tenant
-        .as_ref()
-        .and_then(|tenant| tenant(&parts))
-        .unwrap_or_default();
-    let key = redis_key(&config.key_prefix, &tenant, &key);
-    let fingerprint =
-        config
-            .fingerprinter
-            .fingerprint(&parts.method, &parts.uri, &parts.headers, &body);
-    let request = Request::from_parts(parts, IdemBody::full(body));
 
     match begin(&config, &key, &fingerprint).await {
         Ok(Outcome::New { token }) => {
