@@ -4,6 +4,7 @@
 //! back with the server, and AUTH, SELECT, TCP settings and Unix sockets
 //! are set up.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use idem_client::{IdemClient, IdemError, Pipe, StandaloneConnection, Transport};
@@ -329,6 +330,139 @@ fn a_pipe_outlives_the_runtime_it_was_made_on() {
             assert!(Instant::now() < deadline, "no reconnect on the new runtime");
         }
     });
+}
+
+/// A runtime already shut down: tokio drops what is spawned on it at once.
+fn closed_runtime() -> tokio::runtime::Handle {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime.handle().clone();
+    runtime.shutdown_background();
+    handle
+}
+
+async fn ping(conn: &mut Pipe) -> redis::RedisResult<String> {
+    redis::cmd("PING").query_async(conn).await
+}
+
+/// A connect that finishes on a runtime that is shutting down (its tasks
+/// dropped inside `spawn`) leaves the link down. Before, `up` spawned them
+/// holding the connection's lock, and their guards' drop locked it again:
+/// the thread, and every later user of the pipe, hung for ever.
+#[test]
+fn a_connect_finishing_on_a_closing_runtime_leaves_the_link_down() {
+    let server = RedisServer::start();
+    let client = server.client();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let live = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let closed = closed_runtime();
+        let pipe = live.block_on(async {
+            // First poll on the live runtime (the connect starts), the rest
+            // (where `up` spawns the tasks) inside the closed one.
+            let mut connect = Box::pin(Pipe::connect(&client));
+            let mut polls = 0;
+            std::future::poll_fn(|cx| {
+                polls += 1;
+                let _inside = (polls > 1).then(|| closed.enter());
+                connect.as_mut().poll(cx)
+            })
+            .await
+        });
+        let answer = pipe.map(|mut pipe| {
+            live.block_on(async {
+                // The link is down: the next call reconnects on this runtime.
+                let deadline = Instant::now() + Duration::from_secs(5);
+                loop {
+                    match ping(&mut pipe).await {
+                        Ok(pong) => break pong,
+                        Err(_) if Instant::now() < deadline => {
+                            tokio::time::sleep(Duration::from_millis(20)).await
+                        }
+                        Err(err) => panic!("no reconnect: {err}"),
+                    }
+                }
+            })
+        });
+        let _ = tx.send(answer.map_err(|e| e.to_string()));
+    });
+    let answer = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the connect deadlocked");
+    assert_eq!(answer.unwrap(), "PONG");
+}
+
+/// A reconnect whose task is dropped before it first runs (spawned on a
+/// runtime shutting down) leaves the link down, so a later call reconnects.
+/// Before, the link stayed "connecting" for ever and every call hung.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_dropped_before_it_ran_leaves_the_link_down() {
+    let server = RedisServer::start();
+    let mut conn = pipe(&server).await;
+    assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+    let mut other = server.async_conn().await;
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(&mut other)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the reader saw EOF
+    let closed = closed_runtime();
+    let cmd = redis::cmd("PING");
+    let call = {
+        let _inside = closed.enter();
+        conn.req_packed_command(&cmd)
+    };
+    let first = tokio::time::timeout(Duration::from_secs(3), call).await;
+    assert!(matches!(first, Ok(Err(_))), "{first:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(3), ping(&mut conn)).await {
+            Ok(Ok(pong)) => break assert_eq!(pong, "PONG"),
+            Ok(Err(err)) => assert!(IdemError::from(err).is_unavailable()),
+            Err(_) => panic!("a call on the pipe hangs"),
+        }
+        assert!(Instant::now() < deadline, "no reconnect");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The stall window starts when a call is written, not when the reader
+/// began waiting: a call written late in an idle stretch survives a pause of
+/// the server shorter than ten seconds. Before, a call written 9.4 s into an
+/// idle stretch was failed 0.6 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_written_after_an_idle_stretch_gets_the_whole_stall_window() {
+    let server = RedisServer::start();
+    let mut conn = pipe(&server).await;
+    tokio::time::sleep(Duration::from_millis(9300)).await;
+    let sleep = stall(&server, 1).await;
+    let pong = ping(&mut conn).await;
+    sleep.await.unwrap().unwrap();
+    assert_eq!(pong.unwrap(), "PONG", "a one-second pause failed the call");
+}
+
+/// A `Cmd` marked as getting no reply is refused: its missing reply would
+/// pair every later one with the wrong caller.
+#[tokio::test]
+async fn a_command_without_a_reply_is_refused() {
+    let server = RedisServer::start();
+    let mut conn = pipe(&server).await;
+    let mut silent = redis::cmd("PING");
+    silent.set_no_response(true);
+    let err = conn.req_packed_command(&silent).await.unwrap_err();
+    assert!(err.to_string().contains("get a reply"), "{err}");
+    let echo: String = redis::cmd("ECHO")
+        .arg("a")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(echo, "a");
 }
 
 #[tokio::test]

@@ -62,7 +62,9 @@ type Reply = oneshot::Sender<RedisResult<Value>>;
 
 /// A multiplexed connection to one Redis node over TCP or a Unix socket,
 /// speaking RESP2. Cheap to clone; clones share the connection, which closes
-/// when the last clone is dropped.
+/// when the last clone is dropped. Replies are matched to calls by order, so
+/// every command must get exactly one reply: no `SUBSCRIBE`, `MONITOR` or
+/// `CLIENT REPLY OFF|SKIP` (a `Cmd` marked `set_no_response` is refused).
 #[derive(Clone)]
 pub struct Pipe {
     shared: Arc<Shared>,
@@ -90,6 +92,9 @@ struct State {
     /// Commands handed to the writer and not answered yet: a reply beyond
     /// them is one nobody asked for.
     written: usize,
+    /// When `written` last rose from zero: a stall is counted from then (or
+    /// from the last byte read, whichever is later), not from an idle read.
+    busy_since: Option<Instant>,
     /// One entry per command written or queued, oldest first: replies come
     /// back in this order.
     waiting: VecDeque<Reply>,
@@ -116,7 +121,14 @@ enum Link {
 struct Session {
     generation: u64,
     wake_writer: Arc<Notify>,
-    tasks: [AbortHandle; 2],
+    /// Set once spawned: `up` spawns outside the lock (see there).
+    tasks: Option<[AbortHandle; 2]>,
+}
+
+impl Session {
+    fn abort(&self) {
+        self.tasks.iter().flatten().for_each(AbortHandle::abort);
+    }
 }
 
 /// Stops the connection's tasks when the last `Pipe` clone goes.
@@ -126,7 +138,7 @@ impl Drop for Closer {
     fn drop(&mut self) {
         let mut state = self.0.lock();
         if let Link::Up(session) = std::mem::replace(&mut state.link, Link::Closed) {
-            session.tasks.iter().for_each(AbortHandle::abort);
+            session.abort();
         }
         fail_all(
             &mut state,
@@ -155,6 +167,7 @@ impl Pipe {
                 out: Vec::new(),
                 queued: 0,
                 written: 0,
+                busy_since: None,
                 waiting: VecDeque::new(),
                 link: Link::Connecting,
                 retry_at: None,
@@ -202,6 +215,23 @@ impl Pipe {
         write: impl FnOnce(&mut Vec<u8>) -> RedisResult<()>,
         mut receive: impl FnMut(oneshot::Receiver<RedisResult<Value>>),
     ) -> Result<(), redis::RedisError> {
+        let mut reconnect = None;
+        let sent = self.send_locked(count, write, &mut receive, &mut reconnect);
+        // Spawned with no lock held: a runtime that is shutting down drops
+        // the future at once, and its guard's drop takes the lock.
+        if let Some((runtime, guard)) = reconnect {
+            runtime.spawn(Shared::reconnect(guard));
+        }
+        sent
+    }
+
+    fn send_locked(
+        &self,
+        count: usize,
+        write: impl FnOnce(&mut Vec<u8>) -> RedisResult<()>,
+        receive: &mut impl FnMut(oneshot::Receiver<RedisResult<Value>>),
+        reconnect: &mut Option<(tokio::runtime::Handle, ConnectGuard)>,
+    ) -> Result<(), redis::RedisError> {
         let mut state = self.shared.lock();
         match &state.link {
             Link::Up(_) | Link::Connecting => {}
@@ -216,7 +246,9 @@ impl Pipe {
                     return Err(io_error(io::ErrorKind::NotConnected, detail));
                 };
                 state.link = Link::Connecting;
-                runtime.spawn(self.shared.clone().reconnect());
+                // Made before the spawn: a future dropped before its first
+                // poll still leaves the link down, not connecting for ever.
+                *reconnect = Some((runtime, ConnectGuard(Some(self.shared.clone()))));
             }
         }
         if state.waiting.len() + count > MAX_QUEUED || state.out.len() > MAX_QUEUED_BYTES {
@@ -294,6 +326,14 @@ impl Future for PipeReply {
 impl ConnectionLike for Pipe {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(self.queue_one(|out| {
+            // Replies are paired with callers by order: a command the server
+            // does not answer would hand every later reply to the wrong one.
+            if cmd.is_no_response() {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "Pipe sends only commands that get a reply",
+                )));
+            }
             cmd.write_packed_command(out);
             Ok(())
         }))
@@ -340,15 +380,17 @@ impl Shared {
     }
 
     /// A connect after the link went down, started by a call.
-    async fn reconnect(self: Arc<Self>) {
-        // Dropped before it finished (its runtime shut down), it leaves the
-        // link down, not connecting for ever.
-        let mut guard = ConnectGuard(Some(self.clone()));
-        let result = establish(&self.info).await;
+    /// Dropped before it finished (its runtime shut down), it leaves the
+    /// link down (`guard`), not connecting for ever.
+    async fn reconnect(mut guard: ConnectGuard) {
+        let Some(shared) = guard.0.clone() else {
+            return;
+        };
+        let result = establish(&shared.info).await;
         guard.0 = None;
         match result {
-            Ok(stream) => self.up(stream),
-            Err(err) => self.connect_failed(settings_refused(&err), &err.to_string()),
+            Ok(stream) => shared.up(stream),
+            Err(err) => shared.connect_failed(settings_refused(&err), &err.to_string()),
         }
     }
 
@@ -371,14 +413,30 @@ impl Shared {
     /// A fresh connection goes live: its writer and reader start, and what
     /// was queued meanwhile is written.
     fn up(self: &Arc<Self>, stream: Stream) {
-        let mut state = self.lock();
-        if !matches!(state.link, Link::Connecting) {
-            return; // closed meanwhile: the stream is dropped
-        }
-        state.generation += 1;
-        state.refused = false;
-        let generation = state.generation;
-        let wake_writer = Arc::new(Notify::new());
+        let (generation, wake_writer) = {
+            let mut state = self.lock();
+            if !matches!(state.link, Link::Connecting) {
+                return; // closed meanwhile: the stream is dropped
+            }
+            state.generation += 1;
+            state.refused = false;
+            let generation = state.generation;
+            let wake_writer = Arc::new(Notify::new());
+            if !state.out.is_empty() {
+                wake_writer.notify_one();
+            }
+            state.retry_at = None;
+            state.retry_delay = RETRY_FIRST;
+            state.link = Link::Up(Session {
+                generation,
+                wake_writer: wake_writer.clone(),
+                tasks: None,
+            });
+            (generation, wake_writer)
+        };
+        // Spawned with no lock held: on a runtime that is shutting down
+        // tokio drops a task's future inside `spawn`, and its guard takes
+        // the connection down, which locks.
         let tasks = match stream {
             Stream::Tcp(stream) => {
                 let (rd, wr) = stream.into_split();
@@ -389,16 +447,12 @@ impl Shared {
                 self.spawn_tasks(generation, &wake_writer, rd, wr)
             }
         };
-        if !state.out.is_empty() {
-            wake_writer.notify_one();
+        let mut state = self.lock();
+        match &mut state.link {
+            Link::Up(session) if session.generation == generation => session.tasks = Some(tasks),
+            // Down or closed meanwhile (one of the tasks may have done it).
+            _ => tasks.iter().for_each(AbortHandle::abort),
         }
-        state.retry_at = None;
-        state.retry_delay = RETRY_FIRST;
-        state.link = Link::Up(Session {
-            generation,
-            wake_writer,
-            tasks,
-        });
     }
 
     fn spawn_tasks<R, W>(
@@ -439,6 +493,9 @@ impl Shared {
                     return;
                 }
                 std::mem::swap(&mut state.out, &mut batch);
+                if state.written == 0 && state.queued > 0 {
+                    state.busy_since = Some(Instant::now());
+                }
                 state.written += std::mem::take(&mut state.queued);
             }
             if batch.is_empty() {
@@ -461,18 +518,33 @@ impl Shared {
         let mut buf = bytes::BytesMut::with_capacity(READ_CHUNK);
         let mut replies = Vec::new();
         let mut answered = Vec::new();
+        let mut last_byte = Instant::now();
+        let mut wait = STALL;
         loop {
             if buf.capacity() - buf.len() < READ_CHUNK / 4 {
                 buf.reserve(READ_CHUNK);
             }
-            let read = match tokio::time::timeout(STALL, rd.read_buf(&mut buf)).await {
+            let read = match tokio::time::timeout(wait, rd.read_buf(&mut buf)).await {
                 Ok(read) => read,
-                Err(_) if self.lock().written == 0 => continue, // idle
                 Err(_) => {
+                    // Stalled only when calls waited STALL since they were
+                    // written (or since the last byte, if later).
+                    let busy_since = self.lock().busy_since;
+                    let Some(since) = busy_since.map(|at| at.max(last_byte)) else {
+                        wait = STALL; // idle
+                        continue;
+                    };
+                    let stalled = since.elapsed();
+                    if stalled < STALL {
+                        wait = STALL - stalled;
+                        continue;
+                    }
                     let detail = format!("no reply for {STALL:?} to calls written");
                     return self.down(generation, io::ErrorKind::TimedOut, &detail);
                 }
             };
+            last_byte = Instant::now();
+            wait = STALL;
             match read {
                 Ok(0) => {
                     let detail = "the server closed the connection";
@@ -509,6 +581,9 @@ impl Shared {
                     return self.down(generation, io::ErrorKind::InvalidData, detail);
                 }
                 state.written -= replies.len();
+                if state.written == 0 {
+                    state.busy_since = None;
+                }
                 answered.extend(state.waiting.drain(..replies.len()));
             }
             // Answered outside the lock: each send wakes a caller.
@@ -526,7 +601,7 @@ impl Shared {
             return;
         }
         if let Link::Up(session) = std::mem::replace(&mut state.link, Link::Down) {
-            session.tasks.iter().for_each(AbortHandle::abort);
+            session.abort();
         }
         tracing::warn!(addr = %self.info.addr(), error = detail, "redis connection lost");
         state.last_error = detail.to_owned();
@@ -549,6 +624,7 @@ fn fail_all_with(state: &mut State, error: impl Fn() -> redis::RedisError) {
     state.out.clear();
     state.queued = 0;
     state.written = 0;
+    state.busy_since = None;
     for reply in state.waiting.drain(..) {
         let _ = reply.send(Err(error()));
     }
