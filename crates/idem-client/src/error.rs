@@ -76,6 +76,14 @@ impl IdemError {
         self.is_unreachable() || matches!(self, IdemError::WritesRefused(_))
     }
 
+    /// True when the store may take a write it refused a moment later: it
+    /// was unavailable (`is_unavailable`) or full (`OOM`, above `maxmemory`).
+    /// A response the handler produced is retried, never released, on these:
+    /// releasing the key would let a retry run the handler again.
+    pub fn is_transient(&self) -> bool {
+        self.is_unavailable() || matches!(self, IdemError::Oom(_))
+    }
+
     /// True when the store could not be reached or did not answer: the
     /// failures `fail_open` runs the handler on. Not a primary that answers
     /// but refuses writes (`WritesRefused`).

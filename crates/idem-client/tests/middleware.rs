@@ -1,8 +1,8 @@
 //! The tower/axum layer over real HTTP and a real redis-server with the
 //! module: store policy, stored headers, fail-closed and fail-open, required
 //! keys, methods, size limits, a client hanging up mid-request, a
-//! panicking handler, and Redis down, refusing writes or demoted around a
-//! request.
+//! panicking handler, and Redis down, full, refusing writes or demoted
+//! around a request.
 
 mod common;
 
@@ -395,6 +395,103 @@ async fn a_panicking_handler_releases_the_key() {
     let retry = f.post("/panics", Some("k")).await;
     assert_eq!(retry.status, 201);
     assert_eq!(f.calls.count(), 2);
+}
+
+/// `CONFIG SET maxmemory` on the fixture's Redis (0: no limit).
+async fn set_maxmemory(f: &Fixture, bytes: u64) {
+    let mut conn = f.redis.async_conn().await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(bytes)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Redis reaches `maxmemory` while the handler runs: COMPLETE answers OOM.
+/// The key stays held and the response is stored once memory is back, so
+/// the retries get 409, then the replay; the handler runs once. Before, the
+/// layer released the key on OOM and the retry ran the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_at_complete_keeps_the_key_and_stores_the_response_later() {
+    let f = Fixture::start(|l| l).await;
+    let original = f.post("/slow", Some("k"));
+    let squeeze = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        set_maxmemory(&f, 1).await;
+    };
+    let (original, ()) = tokio::join!(original, squeeze);
+    assert_eq!(original.status, 201);
+    assert_eq!(f.state("k").await.as_deref(), Some("in_progress"));
+    let during = f.post("/slow", Some("k")).await;
+    assert_eq!(during.status, 409, "{:?}", during.body);
+    set_maxmemory(&f, 0).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while f.state("k").await.as_deref() != Some("completed") {
+        assert!(Instant::now() < deadline, "the response was never stored");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let retry = f.post("/slow", Some("k")).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, original.body);
+    assert_eq!(f.calls.count(), 1);
+}
+
+/// A new key at `maxmemory` is 503 (retry later), not 500, and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_answers_a_new_key_503() {
+    let f = Fixture::start(|l| l).await;
+    set_maxmemory(&f, 1).await;
+    let reply = f.post("/ok", Some("k")).await;
+    assert_eq!(reply.status, 503, "{:?}", reply.body);
+    assert_eq!(f.calls.count(), 0);
+    set_maxmemory(&f, 0).await;
+    assert_eq!(f.post("/ok", Some("k")).await.status, 201);
+}
+
+/// A flow whose handler panics in the request's task ends there: it is not
+/// detached and polled again when dropped (which panicked a second time,
+/// "`async fn` resumed after panicking").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicked_flow_is_not_polled_again() {
+    static PROBE: AtomicUsize = AtomicUsize::new(0);
+    static RESUMED: AtomicUsize = AtomicUsize::new(0);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info.to_string();
+        if text.contains("flow probe") {
+            PROBE.fetch_add(1, Ordering::SeqCst);
+        }
+        if text.contains("resumed after panicking") {
+            RESUMED.fetch_add(1, Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+    let client = IdemClient::memory(idem_client::MemoryStore::new());
+    let app = Router::new()
+        .route(
+            "/p",
+            post(|| async {
+                if PROBE.load(Ordering::SeqCst) < usize::MAX {
+                    panic!("flow probe");
+                }
+                "never"
+            }),
+        )
+        .layer(IdempotencyLayer::new(client));
+    let server = Server::start(app).await;
+    let crashed = reqwest::Client::new()
+        .post(format!("{}/p", server.base))
+        .header("idempotency-key", "k")
+        .body("{}")
+        .send()
+        .await;
+    assert!(crashed.is_err(), "the connection is dropped: {crashed:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(PROBE.load(Ordering::SeqCst), 1);
+    assert_eq!(RESUMED.load(Ordering::SeqCst), 0);
 }
 
 /// With fail-open and `wait_for_result`, a duplicate whose wait cannot be

@@ -95,7 +95,7 @@ where
             let response = Box::pin(inner.oneshot(request)).await?;
             Ok(response.map(IdemBody::inner))
         }
-        Err(err) if err.is_unavailable() => {
+        Err(err) if err.is_transient() => {
             tracing::warn!(error = %err, "idempotency store unavailable; answering 503");
             Ok(Problem::Unavailable.into_response())
         }
@@ -180,7 +180,16 @@ impl<T> Future for Detaching<T> {
             .future
             .as_mut()
             .expect("Detaching polled after completion");
-        let output = std::task::ready!(future.as_mut().poll(cx));
+        // A flow whose poll panicked is over: dropped, not detached (its
+        // key was settled on the way out, or lapses with its lease).
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx)));
+        let output = match polled {
+            Ok(poll) => std::task::ready!(poll),
+            Err(panic) => {
+                self.future = None;
+                std::panic::resume_unwind(panic)
+            }
+        };
         self.future = None;
         Poll::Ready(output)
     }

@@ -60,7 +60,7 @@ where
     /// request's state).
     pub async fn store<B>(&self, stored: &impl ResponseParts) -> Override<B> {
         match self.complete(self.token, stored, Origin::Handler).await {
-            Err(err) if err.is_unavailable() => {
+            Err(err) if err.is_transient() => {
                 tracing::warn!(key = self.key, error = %err, "COMPLETE failed: the response is sent, storing it goes on in the background");
                 self.store_in_background(stored.to_stored());
                 None
@@ -92,7 +92,7 @@ where
                 );
                 Box::pin(self.answer_again(stored)).await
             }
-            Err(err) if err.is_unavailable() => {
+            Err(err) if err.is_transient() => {
                 tracing::error!(key = self.key, error = %err, "gave up storing the response: a retry after the key's lease lapses runs the handler again");
                 None
             }
@@ -206,7 +206,7 @@ where
                 .complete_parts(self.key, token, stored, origin)
                 .await
             {
-                Err(err) if err.is_unavailable() && Instant::now() < give_up => {
+                Err(err) if err.is_transient() && Instant::now() < give_up => {
                     uncertain = true;
                     let left = give_up.saturating_duration_since(Instant::now());
                     tokio::time::sleep(pause.min(left)).await;
@@ -232,10 +232,17 @@ where
             ),
             Ok(Outcome::Mismatch) => Some(Problem::Mismatch.into_response()),
             Ok(Outcome::New { token }) => {
-                if let Err(err) = self.complete(token, stored, Origin::Handler).await {
-                    tracing::warn!(key = self.key, error = %err, "could not store the response under a new token");
-                    let again = Held { token, ..*self };
-                    again.release().await;
+                let again = Held { token, ..*self };
+                match again.complete(token, stored, Origin::Handler).await {
+                    Ok(()) => {}
+                    Err(err) if err.is_transient() => {
+                        tracing::warn!(key = self.key, error = %err, "could not store the response under a new token yet: retrying in the background");
+                        again.store_in_background(stored.to_stored());
+                    }
+                    Err(err) => {
+                        tracing::warn!(key = self.key, error = %err, "could not store the response under a new token");
+                        again.release().await;
+                    }
                 }
                 None
             }
