@@ -135,7 +135,14 @@ async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<
     }
 }
 
-/// The committer: one upsert per batch, handed on to be acknowledged.
+/// Bytes of records one upsert carries at most. Postgres refuses a protocol
+/// message over 1 GiB (and closes the connection, which looks like an
+/// outage): a batch of large responses (`max-body-bytes` up to 512 MiB each)
+/// was retried for ever and the node's mirror stalled.
+const MAX_UPSERT_BYTES: usize = 128 * 1024 * 1024;
+
+/// The committer: one upsert per batch (per `MAX_UPSERT_BYTES` of it),
+/// handed on to be acknowledged.
 async fn commit_batches(
     ctx: &Context,
     pool: &Pool,
@@ -143,24 +150,49 @@ async fn commit_batches(
     committed: mpsc::Sender<Committed>,
 ) {
     while let Some(batch) = batches.recv().await {
-        let Some(stored) = commit(ctx, pool, &batch.records).await else {
-            warn!(
-                node = ctx.label,
-                records = batch.records.len(),
-                "stopping with an uncommitted batch; its records stay pending in Redis"
-            );
-            return;
-        };
-        ctx.report_refused(&stored);
-        let done = Committed {
-            acks: stored.acks,
-            written: stored.written,
-            pulled_at: batch.pulled_at,
-        };
-        if committed.send(done).await.is_err() {
-            return; // the acknowledger gave up
+        for part in by_size(&batch.records, MAX_UPSERT_BYTES) {
+            let Some(stored) = commit(ctx, pool, part).await else {
+                warn!(
+                    node = ctx.label,
+                    records = part.len(),
+                    "stopping with an uncommitted batch; its records stay pending in Redis"
+                );
+                return;
+            };
+            ctx.report_refused(&stored);
+            let done = Committed {
+                acks: stored.acks,
+                written: stored.written,
+                pulled_at: batch.pulled_at,
+            };
+            if committed.send(done).await.is_err() {
+                return; // the acknowledger gave up
+            }
         }
     }
+}
+
+/// `records` in order, cut into runs of at most `limit` bytes (a record
+/// larger than that alone).
+fn by_size(records: &[MirrorRecord], limit: usize) -> impl Iterator<Item = &[MirrorRecord]> {
+    let mut rest = records;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let end = rest
+            .iter()
+            .position(|r| {
+                bytes += r.size();
+                bytes > limit
+            })
+            .unwrap_or(rest.len())
+            .max(1);
+        let (part, tail) = rest.split_at(end);
+        rest = tail;
+        Some(part)
+    })
 }
 
 /// A committed batch waiting for its acknowledgements.
@@ -350,4 +382,42 @@ fn printable_key(key: &[u8]) -> String {
         .escape_debug()
         .take(200)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(body: usize) -> MirrorRecord {
+        MirrorRecord {
+            key: "k".into(),
+            token: 1,
+            fingerprint: String::new(),
+            status: 200,
+            body: vec![0; body],
+            headers: vec![],
+            created_at_ms: 0,
+            completed_at_ms: 0,
+            expires_at_ms: 0,
+        }
+    }
+
+    /// Upserts stay under their byte limit (Postgres refuses a message over
+    /// 1 GiB), keep the records' order, and a record over the limit goes
+    /// alone.
+    #[test]
+    fn batches_are_cut_by_bytes() {
+        let each = record(1000).size();
+        let records: Vec<_> = (0..10).map(|_| record(1000)).collect();
+        let lens: Vec<_> = by_size(&records, 3 * each).map(<[_]>::len).collect();
+        assert_eq!(lens, [3, 3, 3, 1]);
+        let lens: Vec<_> = by_size(&records, usize::MAX).map(<[_]>::len).collect();
+        assert_eq!(lens, [10]);
+        let big = [record(10), record(5000), record(10)];
+        let lens: Vec<_> = by_size(&big, 2000).map(<[_]>::len).collect();
+        assert_eq!(lens, [1, 1, 1]);
+        assert_eq!(by_size(&[], 100).count(), 0);
+        let total: usize = by_size(&records, MAX_UPSERT_BYTES).map(<[_]>::len).sum();
+        assert_eq!(total, 10);
+    }
 }

@@ -55,6 +55,13 @@ impl MirrorRecord {
     pub fn expires_at(&self) -> SystemTime {
         unix_ms(self.expires_at_ms)
     }
+
+    /// About the bytes the record adds to an upsert: its variable-length
+    /// fields, and 64 for the fixed ones and the framing.
+    pub fn size(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|h| h.len() + 4).sum();
+        self.key.len() + self.fingerprint.len() + self.body.len() + headers + 64
+    }
 }
 
 /// Why a pulled record cannot be mirrored. It is left pending (never
@@ -160,13 +167,18 @@ fn to_row(pulled: PulledRecord) -> Result<MirrorRecord, Rejected> {
 }
 
 /// Rows of records whose Redis key has no TTL (the module reports -1 after
-/// `PERSIST`) are kept until 9999-12-31: cleanup never reaches them.
+/// `PERSIST`), or one beyond this date, are kept until 9999-12-31: cleanup
+/// never reaches them.
 pub const NEVER_EXPIRES_MS: i64 = 253_402_300_799_000;
 
+/// A key may carry any TTL Redis accepts (up to 2^63 ms); later than
+/// 9999-12-31 it is stored as that date, which Postgres' timestamps and both
+/// layouts hold (passed on as it was, it wrapped around to a past date, and
+/// cleanup deleted the row of a live key).
 fn expiry(at: u64) -> Result<i64, RecordError> {
     match at {
         NO_EXPIRY => Ok(NEVER_EXPIRES_MS),
-        at => signed(at, "expires_at"),
+        at => Ok(signed(at, "expires_at")?.min(NEVER_EXPIRES_MS)),
     }
 }
 
@@ -215,6 +227,23 @@ mod tests {
         let mut reply = record(b"k", FP, vec![]);
         if let Value::Array(fields) = &mut reply {
             fields[8] = Value::Int(-1);
+        }
+        let (records, _) = parse_pull_reply(&Value::Array(vec![reply])).expect("array");
+        assert_eq!(records[0].expires_at_ms, NEVER_EXPIRES_MS);
+    }
+
+    #[test]
+    fn an_expiry_past_9999_is_kept_as_9999() {
+        for far in [
+            NEVER_EXPIRES_MS as u64 + 1,
+            18_448_321_910_510_000,
+            i64::MAX as u64,
+        ] {
+            assert_eq!(expiry(far), Ok(NEVER_EXPIRES_MS), "{far}");
+        }
+        let mut reply = record(b"k", FP, vec![]);
+        if let Value::Array(fields) = &mut reply {
+            fields[8] = Value::Int(18_448_321_910_510_000);
         }
         let (records, _) = parse_pull_reply(&Value::Array(vec![reply])).expect("array");
         assert_eq!(records[0].expires_at_ms, NEVER_EXPIRES_MS);
