@@ -153,7 +153,7 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
             }
         }
         ctx.select_db(id.0);
-        settle(ctx, id.0, &id.1);
+        settle_from(ctx, id.0, &id.1, Routed::No);
     })
 }
 
@@ -227,13 +227,27 @@ pub fn recheck_dbs(ctx: Ctx, dbs: &[i32]) {
     }
 }
 
-/// Answers the waiters of `key` as far as its record allows (see module docs).
+/// Answers the waiters of `key` as far as its record allows (see module
+/// docs), from a command cluster routing sent here for the key.
 pub fn settle(ctx: Ctx, db: i32, key: &[u8]) {
+    settle_from(ctx, db, key, Routed::Yes);
+}
+
+/// Whether cluster routing checked that this node serves the key: yes in a
+/// command on it, no in a timer. A key gone from a cluster node may have
+/// left with its slot (`MIGRATE` deletes it here, with a `del` event).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Routed {
+    Yes,
+    No,
+}
+
+fn settle_from(ctx: Ctx, db: i32, key: &[u8], routed: Routed) {
     if !has(db, key) {
         return;
     }
     let id = (db, key.to_vec());
-    settle_named(ctx, &id, ctx.string(key).name());
+    settle_named(ctx, &id, ctx.string(key).name(), routed);
     forget_if_idle(ctx, &mut WAITERS.lock(), &id);
 }
 
@@ -246,7 +260,7 @@ fn forget_if_idle(ctx: Ctx, all: &mut Registry, id: &KeyId) {
     }
 }
 
-fn settle_named(ctx: Ctx, id: &KeyId, name: Name) {
+fn settle_named(ctx: Ctx, id: &KeyId, name: Name, routed: Routed) {
     let key = &id.1[..];
     loop {
         let Some(waiter) = WAITERS
@@ -278,6 +292,18 @@ fn settle_named(ctx: Ctx, id: &KeyId, name: Name) {
                 continue;
             }
         };
+        // No record, no routing: in a cluster the key may live on another
+        // node now (its holder's record with it), and a record made here
+        // would be a second holder in a slot this node may no longer serve.
+        // The waiter asks again, and routing finds the key's node.
+        if record.is_none() && routed == Routed::No && ctx.in_cluster() {
+            drop(handle);
+            if let Some(w) = waiter.take() {
+                stats::IN_FLIGHT.incr();
+                finish(ctx, w, Answer::InFlight(1));
+            }
+            continue;
+        }
         let answer_now = match engine::begin(record, &req, now_ms, || TOKENS.lock()) {
             Begin::Created(record) => {
                 effects::replicate_put_always(ctx, name, &record);

@@ -133,3 +133,47 @@ fn commands_route_by_key_and_each_primary_mirrors_its_own_records() {
     }
     assert_eq!(seen, keys.iter().cloned().collect::<BTreeSet<_>>());
 }
+
+/// A key moves to another node with its slot (`MIGRATE`) while a client
+/// waits on it (`BEGIN ... WAIT`) on the old node: the waiter is answered
+/// `in_flight`, to ask again where routing sends it, and the holder's record
+/// on the new node stays the key's only one. Before, MIGRATE's `del` made
+/// the waiter a second holder on the old node (a payment could run twice),
+/// and its record there stopped the slot's hand-over.
+#[test]
+fn a_waiter_on_a_key_that_moves_with_its_slot_is_told_to_ask_again() {
+    let mut cluster = idem_testkit::cluster::RedisCluster::start(3, 0, 5000);
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg("k")
+        .query(&mut cluster.conn(0))
+        .unwrap();
+    let from = cluster.owner_of_slot(slot);
+    let to = (from + 1) % 3;
+    let mut source = cluster.conn(from);
+    let Outcome::New(token) = begin_lease(&mut source, "k", "fp", 600, 60_000) else {
+        panic!("the holder's BEGIN is new");
+    };
+    let mut waiting = cluster.conn(from);
+    let waiter = std::thread::spawn(move || {
+        Outcome::parse(&ok(
+            &mut waiting,
+            &["IDEM.BEGIN", "k", "fp", "600", "WAIT", "10000"],
+        ))
+    });
+    assert!(eventually(Duration::from_secs(5), || idem_counter(
+        &mut source,
+        "idem_waiters"
+    ) == 1));
+    cluster.migrate_slot(slot, from, to);
+    assert!(matches!(waiter.join().unwrap(), Outcome::InFlight(_)));
+    let moved = get_rec(&mut cluster.conn(to), "k");
+    assert_eq!((moved.state.as_str(), moved.token), ("in_progress", token));
+    let left: i64 = redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query(&mut source)
+        .unwrap();
+    assert_eq!(left, 0, "no record stays behind on the old node");
+    assert_eq!(idem_counter(&mut source, "idem_waiters"), 0);
+}

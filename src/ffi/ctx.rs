@@ -46,6 +46,11 @@ impl Ctx {
             != 0
     }
 
+    /// The server runs in cluster mode.
+    pub fn in_cluster(self) -> bool {
+        self.flags() & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0
+    }
+
     /// Cluster mode, or a child process of any kind running (RDB, AOF
     /// rewrite, a module's fork, and whatever kinds later servers add).
     pub fn in_cluster_or_forked(self) -> bool {
