@@ -319,14 +319,18 @@ fn settle_named(ctx: Ctx, id: &KeyId, name: Name, routed: Routed) {
                 }
                 _ => Some((Answer::Error(Error::NotFound), None)),
             },
-            Begin::InFlight { retry_after_ms } => {
-                let mut all = WAITERS.lock();
-                if let (Some(entry), Some(w)) = (all.keys.get_mut(id), waiter.take()) {
-                    entry.queue.push_front(w);
-                    arm_timer(ctx, entry, id, now_ms() + retry_after_ms);
+            Begin::InFlight { retry_after_ms } => match WAITERS.lock().keys.get_mut(id) {
+                Some(entry) => {
+                    if let Some(w) = waiter.take() {
+                        entry.queue.push_front(w);
+                        arm_timer(ctx, entry, id, now_ms() + retry_after_ms);
+                    }
+                    None
                 }
-                None
-            }
+                // The key's entry outlives the settling of its queue; were
+                // it gone, the waiter is answered, not dropped unanswered.
+                None => Some((Answer::InFlight(retry_after_ms.max(1)), None)),
+            },
             Begin::Replay(c) => Some((Answer::Replay(c.clone(), req.replay), None)),
             Begin::Mismatch => Some((Answer::Mismatch, None)),
         };

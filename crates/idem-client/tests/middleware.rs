@@ -287,6 +287,31 @@ async fn tenants_that_are_not_utf8_stay_apart() {
     assert!(post_as(b"acct\xff").await.replayed());
 }
 
+/// A tenant header sent twice (a client's own line ahead of the one a proxy
+/// appends) is a tenant of its own: the lines combined, `acct_b, acct_a`.
+/// Before, the first line alone decided, and the client was replayed
+/// `acct_b`'s stored response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_tenant_header_is_not_its_first_line() {
+    let f = Fixture::start(|l| l.tenant_header(HeaderName::from_static("x-account-id"))).await;
+    let post_as = |tenants: &[&'static str]| {
+        let mut request = reqwest::Client::new().post(format!("{}/ok", f.server.base));
+        for tenant in tenants {
+            request = request.header("x-account-id", *tenant);
+        }
+        send(request, Some("k1"), "{}")
+    };
+    assert_eq!(post_as(&["acct_b"]).await.status, 201);
+    let spoofed = post_as(&["acct_b", "acct_a"]).await;
+    assert_eq!(spoofed.status, 201);
+    assert!(
+        !spoofed.replayed(),
+        "acct_b's response went to another tenant"
+    );
+    assert_eq!(f.calls.count(), 2);
+    assert!(post_as(&["acct_b"]).await.replayed());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sf_string_and_bare_token_are_the_same_key() {
     let f = Fixture::start(|l| l).await;

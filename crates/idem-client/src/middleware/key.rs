@@ -136,9 +136,30 @@ pub fn redis_key(prefix: &str, tenant: &str, key: &str) -> String {
 /// (which no header value holds) then its bytes in hex. Distinct values are
 /// distinct tenants; a lossy decoding made `acct\xff` and `acct\xfe` one.
 pub fn tenant_of(value: &HeaderValue) -> String {
-    match std::str::from_utf8(value.as_bytes()) {
+    tenant_of_bytes(value.as_bytes())
+}
+
+/// A header field's lines as one tenant, combined as HTTP combines them
+/// (`a, b`): a line a client sends ahead of the one a proxy appends makes a
+/// tenant of its own, where the first line alone would have passed for the
+/// proxy's. `None` when the field is absent.
+pub fn tenant_of_lines<'a>(mut lines: impl Iterator<Item = &'a HeaderValue>) -> Option<String> {
+    let first = lines.next()?;
+    let Some(second) = lines.next() else {
+        return Some(tenant_of(first));
+    };
+    let mut combined = first.as_bytes().to_vec();
+    for line in std::iter::once(second).chain(lines) {
+        combined.extend_from_slice(b", ");
+        combined.extend_from_slice(line.as_bytes());
+    }
+    Some(tenant_of_bytes(&combined))
+}
+
+fn tenant_of_bytes(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
         Ok(text) => text.to_owned(),
-        Err(_) => format!("\0{}", hex::encode(value.as_bytes())),
+        Err(_) => format!("\0{}", hex::encode(value)),
     }
 }
 
@@ -179,6 +200,18 @@ mod tests {
             }
         }
         assert_eq!(tenants[3], "acct", "UTF-8 values are unchanged");
+    }
+
+    #[test]
+    fn a_repeated_tenant_header_is_one_combined_tenant() {
+        let (a, b) = (header("acct_a"), header("acct_b"));
+        assert_eq!(tenant_of_lines([&a].into_iter()).as_deref(), Some("acct_a"));
+        assert_eq!(
+            tenant_of_lines([&b, &a].into_iter()).as_deref(),
+            Some("acct_b, acct_a"),
+            "not acct_b's scope"
+        );
+        assert_eq!(tenant_of_lines(std::iter::empty()), None);
     }
 
     #[test]

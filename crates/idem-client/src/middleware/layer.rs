@@ -10,7 +10,7 @@ use http::{Method, StatusCode};
 use tower::Layer;
 
 use super::config::{default_store_policy, Config};
-use super::key::tenant_of;
+use super::key::tenant_of_lines;
 use super::service::Idempotency;
 use crate::{Fingerprinter, IdemClient};
 #[cfg(feature = "postgres")]
@@ -152,9 +152,11 @@ impl<C> IdempotencyLayer<C> {
     }
 
     /// Scopes keys by the value of one request header (byte for byte: a
-    /// value that is not UTF-8 is a tenant of its own, see `tenant_of`).
+    /// value that is not UTF-8 is a tenant of its own, see `tenant_of`; a
+    /// header sent more than once is its lines combined, `a, b`, a tenant
+    /// of its own too).
     pub fn tenant_header(self, name: HeaderName) -> Self {
-        self.tenant(move |parts| parts.headers.get(&name).map(tenant_of))
+        self.tenant(move |parts| tenant_of_lines(parts.headers.get_all(&name).iter()))
     }
 
     /// Prefix of the Redis keys (default: `idem:`); keys are `prefix{tenant:key}`.
