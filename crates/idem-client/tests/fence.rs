@@ -528,3 +528,109 @@ async fn the_unpartitioned_claim_on_a_partitioned_table_says_which_fence_to_use(
     drop(tx);
     assert_eq!(row(&client, "k").await, None);
 }
+
+/// A holder (token 10) claims and records its payment; a retry (token 20)
+/// opens its transaction at `level` and reads (taking its snapshot); the
+/// holder commits; the retry claims. Answers the retry's claim, the
+/// payments and the key's rows.
+async fn claim_after_a_commit_at(
+    layout: TableLayout,
+    level: tokio_postgres::IsolationLevel,
+) -> (Result<Claim, String>, usize, i64) {
+    let (db, check) = database(layout).await;
+    let (mut a, mut b) = (db.connect().await, db.connect().await);
+    let holder = new_fence(layout, "k", 10, b"fp", TTL);
+    let retry = new_fence(layout, "k", 20, b"fp", TTL);
+    let ta = a.transaction().await.unwrap();
+    assert_eq!(holder.claim(&ta).await.unwrap(), Claim::Proceed);
+    ta.execute("INSERT INTO effects VALUES ('k', 10)", &[])
+        .await
+        .unwrap();
+    let tb = b
+        .build_transaction()
+        .isolation_level(level)
+        .start()
+        .await
+        .unwrap();
+    tb.query("SELECT count(*) FROM effects", &[]).await.unwrap();
+    holder.commit(ta, &response(10)).await.unwrap();
+    let claim = retry.claim(&tb).await.map_err(|e| e.to_string());
+    if claim == Ok(Claim::Proceed) {
+        tb.execute("INSERT INTO effects VALUES ('k', 20)", &[])
+            .await
+            .unwrap();
+        retry.commit(tb, &response(20)).await.unwrap();
+    }
+    let rows: i64 = check
+        .query_one("SELECT count(*) FROM idempotency_keys WHERE key = 'k'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    (claim, effects(&check, "k").await.len(), rows)
+}
+
+/// Under REPEATABLE READ or SERIALIZABLE the retry's claim is an error on
+/// both layouts, and the key keeps one payment and one row. Before, the
+/// partitioned claim's snapshot from before the gate missed the holder's
+/// committed row: the retry proceeded and committed a second payment (and a
+/// second row for the key).
+#[tokio::test]
+async fn a_claim_in_a_stricter_transaction_never_pays_twice() {
+    use tokio_postgres::IsolationLevel::{ReadCommitted, RepeatableRead, Serializable};
+    for layout in [TableLayout::Unpartitioned, TableLayout::Partitioned] {
+        let (claim, payments, rows) = claim_after_a_commit_at(layout, ReadCommitted).await;
+        assert!(
+            matches!(claim, Ok(Claim::Replay(_))),
+            "{layout:?}: {claim:?}"
+        );
+        assert_eq!((payments, rows), (1, 1), "{layout:?}");
+        for level in [RepeatableRead, Serializable] {
+            let (claim, payments, rows) = claim_after_a_commit_at(layout, level).await;
+            assert!(claim.is_err(), "{layout:?} {level:?}: {claim:?}");
+            assert_eq!((payments, rows), (1, 1), "{layout:?} {level:?}");
+        }
+    }
+}
+
+/// The writer's upsert on the partitioned layout, in a database whose
+/// default isolation is REPEATABLE READ, waiting on a fence holder's lock:
+/// once the holder commits, the key still has one row. Before, the upsert's
+/// snapshot from before the wait missed the holder's row and added another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_keeps_one_row_under_a_repeatable_read_default() {
+    let (db, check) = database(TableLayout::Partitioned).await;
+    let name: String = check
+        .query_one("SELECT current_database()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    check
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
+        ))
+        .await
+        .unwrap();
+    let mut holder_conn = db.connect().await;
+    let writer_conn = db.connect().await;
+    let holder = new_fence(TableLayout::Partitioned, "k", 10, b"fp", TTL);
+    let tx = holder_conn
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(holder.claim(&tx).await.unwrap(), Claim::Proceed);
+    let record = mirror_record("k", 20, b"fp");
+    let writer = tokio::spawn(async move {
+        writer_upsert(&writer_conn, TableLayout::Partitioned, &[record]).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.commit(tx, &response(10)).await.unwrap();
+    writer.await.unwrap();
+    let rows: i64 = check
+        .query_one("SELECT count(*) FROM idempotency_keys WHERE key = 'k'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "two rows for one key");
+}

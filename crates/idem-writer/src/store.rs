@@ -204,7 +204,13 @@ pub async fn upsert_with(
     match statements {
         Statements::Unpartitioned(statement) => client.execute(statement, &params).await,
         Statements::Partitioned { lock, upsert } => {
-            client.batch_execute("BEGIN").await?;
+            // READ COMMITTED whatever the database's default: the upsert
+            // must see a row a fence committed while this waited for the
+            // keys' locks (a REPEATABLE READ snapshot from before the wait
+            // does not, and a second row for the key was added).
+            client
+                .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                .await?;
             let attempt = async {
                 client.query_one(lock, &[&keys]).await?;
                 let written: i64 = client.query_one(upsert, &params).await?.get(0);

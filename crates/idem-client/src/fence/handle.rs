@@ -193,8 +193,10 @@ impl Fence {
     /// Claims the key inside `tx` (one round trip when the key is free). Only
     /// on [`Claim::Proceed`] may the transaction go on to its business effect;
     /// on any other answer, roll it back and answer what the claim says.
-    /// Needs READ COMMITTED (Postgres' default); under stricter isolation a
-    /// concurrent claim fails with a serialization error instead.
+    /// Needs READ COMMITTED (Postgres' default). Under stricter isolation a
+    /// concurrent claim fails with a serialization error instead (the
+    /// unpartitioned layout), or every claim is refused with an error (the
+    /// partitioned layout, where it could otherwise claim a key twice).
     pub async fn claim<'a, T: FenceTransaction<'a>>(&self, tx: &T) -> Result<Claim, IdemError> {
         let claim = sql::claim(
             tx,

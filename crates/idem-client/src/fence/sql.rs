@@ -47,13 +47,18 @@ WITH gate AS MATERIALIZED (
 SELECT (SELECT free FROM gate), EXISTS (SELECT 1 FROM claimed)
 ";
 
-/// Partitioned layout, first statement: the gate alone (`$1` key). On this
-/// layout the key's lock is also what keeps one row per key (a unique index
-/// must include `expires_at`): every writer of the row holds it, so the claim
-/// that follows, a new statement with a new snapshot, sees the key's only
-/// row in whichever partition and nobody adds another before commit.
+/// Partitioned layout, first statement: the gate (`$1` key), and the
+/// transaction's isolation. On this layout the key's lock is also what keeps
+/// one row per key (a unique index must include `expires_at`): every writer
+/// of the row holds it, so the claim that follows, a new statement with a
+/// new snapshot, sees the key's only row in whichever partition and nobody
+/// adds another before commit. Only READ COMMITTED gives a statement a new
+/// snapshot: under REPEATABLE READ or SERIALIZABLE the claim would not see
+/// a row committed before the gate came free and would add a second one (a
+/// second payment), so the claim refuses them.
 pub const PARTITIONED_GATE_SQL: &str =
-    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 1768187245))";
+    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 1768187245)), \
+     current_setting('transaction_isolation')";
 
 /// Partitioned layout, second statement (the gate held): takes over the
 /// key's row under the same rule as [`CLAIM_SQL`] (moving it to the partition
@@ -190,6 +195,13 @@ pub(crate) async fn claim<'a, T: FenceTransaction<'a>>(
         TableLayout::Partitioned => {
             let gate = query(tx, PARTITIONED_GATE_SQL, GATE_TYPES, &[&key]).await?;
             let free: bool = first_column(&gate, "gate")?;
+            let isolation: String = gate[0].try_get(1)?;
+            if isolation != "read committed" {
+                return Err(IdemError::Postgres(format!(
+                    "the partitioned fence needs a READ COMMITTED transaction, not {isolation} \
+                     (on this layout a stricter one could claim a key twice)"
+                )));
+            }
             if free {
                 let rows = query(tx, PARTITIONED_CLAIM_SQL, CLAIM_TYPES, &params).await?;
                 (true, first_column(&rows, "claim")?)
