@@ -113,6 +113,9 @@ extern "C" fn copy(
     value: *const c_void,
 ) -> *mut c_void {
     guard("copy", ptr::null_mut(), || {
-        Box::into_raw(Box::new(record(value).clone())).cast()
+        // The copy has no row of its own in Postgres: it is pending.
+        let mut copy = record(value).clone();
+        copy.mark_pending();
+        Box::into_raw(Box::new(copy)).cast()
     })
 }

@@ -602,3 +602,44 @@ fn a_puller_killed_after_its_wake_up_but_before_the_reply_is_freed_once() {
     assert_eq!(pending(&mut c), 0);
     assert!(!s.log().contains("crashed"), "{}", s.log());
 }
+
+/// A mirrored record renamed or copied to another name is pending again:
+/// Postgres has no row under the new name. Before, it kept saying
+/// "mirrored" and was never pulled.
+#[test]
+fn a_mirrored_record_under_a_new_name_is_pending_again() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    let t = completed(&mut c, "a", "fp", 3600, b"x");
+    assert_eq!(ack(&mut c, "a", t), 1);
+    assert_eq!(pending(&mut c), 0);
+    ok(&mut c, &["RENAME", "a", "b"]);
+    assert_eq!(get_rec(&mut c, "b").mirror.as_deref(), Some("pending"));
+    assert_eq!(pull_all(&mut c), ["b"]);
+    assert_eq!(ack(&mut c, "b", t), 1);
+    assert_eq!(int(&ok(&mut c, &["COPY", "b", "c"])), 1);
+    assert_eq!(get_rec(&mut c, "b").mirror.as_deref(), Some("mirrored"));
+    assert_eq!(get_rec(&mut c, "c").mirror.as_deref(), Some("pending"));
+    assert_eq!(pending(&mut c), 1);
+    assert_eq!(pull_all(&mut c), ["c"]);
+}
+
+/// A pending record that an AOF's RDB preamble kept although expired is put
+/// in the outbox when the AOF's tail gives it a TTL again (PERSIST). Before,
+/// it stayed pending with no TTL and was never pulled.
+#[test]
+fn a_pending_record_a_load_kept_expired_is_pulled_once_its_ttl_is_back() {
+    let mut s = RedisConfig::default().aof_always().start();
+    let mut c = s.conn();
+    completed(&mut c, "k", "fp", 1, b"x");
+    ok(&mut c, &["BGREWRITEAOF"]);
+    wait_persistence_idle(&mut c);
+    assert_eq!(int(&ok(&mut c, &["PERSIST", "k"])), 1);
+    s.kill();
+    sleep_ms(1500); // past the TTL the preamble holds
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(pttl(&mut c, "k"), -1);
+    assert_eq!(pending(&mut c), 1);
+    assert_eq!(pull_all(&mut c), ["k"]);
+}

@@ -49,6 +49,12 @@ extern "C" fn on_keyspace_event(
         }
         match event {
             b"del" | b"expired" | b"evicted" | b"rename_from" | b"move_from" => forget(db, name),
+            // A record under a new name has no row under that name in
+            // Postgres: it is pending again (the copy callback does the same
+            // for COPY). Replicas and AOF replay get the same event and do
+            // the same. RESTORE keeps the dump's state: MIGRATE moves a key
+            // under its own name, whose row Postgres has.
+            b"rename_to" => resync_as_new(ctx, db, key),
             // Anything else may have replaced the value: look again.
             _ => resync(ctx, db, key),
         }
@@ -69,13 +75,28 @@ fn resync(ctx: Ctx, db: i32, key: Name) {
     }
 }
 
+/// `resync` of a record renamed to `key`: marked pending first (in place,
+/// as in `follow_ttl`).
+fn resync_as_new(ctx: Ctx, db: i32, key: Name) {
+    if let Some((record, _)) = Key::inspect(ctx, key).record_and_expiry() {
+        record.mark_pending();
+    }
+    resync(ctx, db, key);
+}
+
 /// Sets the record's `expires_at` to the key's TTL (a module value may be
 /// updated in place here: nothing is written to the keyspace or propagated).
 /// Every TTL change of every key passes here: a key that holds no record
-/// costs one quiet lookup and a type check.
+/// costs one quiet lookup and a type check. A pending record a load kept
+/// although expired (an AOF's RDB preamble, a replica's load) is not in the
+/// outbox; the TTL that brings it back puts it there.
 fn follow_ttl(ctx: Ctx, key: Name) {
     if let Some((record, expiry)) = Key::inspect(ctx, key).record_and_expiry() {
         record.expires_at = expiry;
+        let db = ctx.db();
+        if record.mirror_pending() && !is_tracked(db, key.bytes()) {
+            track(db, key.bytes(), record);
+        }
     }
 }
 

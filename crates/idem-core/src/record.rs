@@ -89,6 +89,14 @@ impl Record {
         matches!(&self.state, State::Completed(c) if c.mirror == MirrorState::Pending)
     }
 
+    /// Makes a completed record wait for the mirror again (it arrived under
+    /// a name Postgres may have no row for); an in-progress one is left.
+    pub fn mark_pending(&mut self) {
+        if let State::Completed(c) = &mut self.state {
+            c.mirror = MirrorState::Pending;
+        }
+    }
+
     /// Checks a record that came from outside this node's own decisions (RDB,
     /// RESTORE, AOF, replication): a forged or damaged record is refused
     /// before it can drive the token clock or be replayed.
