@@ -27,7 +27,8 @@ use redis_module::raw;
 use crate::ffi::blocked::Timer;
 use crate::ffi::call::guard;
 use crate::ffi::ctx::Ctx;
-use crate::ffi::events::{subscribe_server, ServerEvent};
+use crate::ffi::events::{became_primary, subscribe_server, ServerEvent};
+use crate::tokens;
 
 /// How often a node checks whether its effects have consumers.
 pub const CHECK_EVERY_MS: u64 = 1000;
@@ -54,13 +55,18 @@ pub fn start(ctx: Ctx) -> Result<(), String> {
     Ok(())
 }
 
+/// One subscription per event and module: a role change also moves the
+/// token clock (`tokens`) when this node became a primary.
 extern "C" fn on_change(
     _ctx: *mut raw::RedisModuleCtx,
-    _event: raw::RedisModuleEvent,
-    _subevent: u64,
+    event: raw::RedisModuleEvent,
+    subevent: u64,
     _data: *mut c_void,
 ) {
     CONSUMED.store(true, Ordering::Relaxed);
+    if became_primary(event, subevent) {
+        guard("role change", (), tokens::jump);
+    }
 }
 
 extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {

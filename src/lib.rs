@@ -20,6 +20,7 @@ mod ffi;
 mod info;
 mod mirror;
 mod stats;
+mod tokens;
 mod waiters;
 
 use std::sync::{Mutex, MutexGuard};
@@ -69,6 +70,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     match commands::register(ctx)
         .and_then(|()| mirror::events::subscribe(ctx))
         .and_then(|()| consumers::start(ctx))
+        .and_then(|()| tokens::start(ctx))
     {
         Ok(()) => Status::Ok,
         Err(e) => {

@@ -271,3 +271,61 @@ fn only_changes_abort_a_watch() {
         &td
     ])));
 }
+
+/// RESTORE of `payload` under `key`, which must answer OK.
+fn restore_payload(c: &mut Connection, key: &str, payload: &[u8]) {
+    let () = redis::cmd("RESTORE")
+        .arg(key)
+        .arg(0)
+        .arg(payload)
+        .query(c)
+        .unwrap();
+}
+
+/// An hour of the token clock (microseconds).
+const HOUR_OF_TOKENS: u64 = 3_600_000_000;
+
+/// A node whose tokens ran ahead of its clock (a restored record an hour
+/// ahead) and that restarts from a snapshot lacking the tail of what it
+/// issued resumes past a gap: it never hands out a token twice. Before, the
+/// first BEGIN after the restart got the token a holder had before it.
+#[test]
+fn a_restart_from_an_older_snapshot_never_reissues_a_token() {
+    let mut s = RedisServer::start();
+    let mut c = s.conn();
+    let t = begin(&mut c, "src", "fp", 3600).token();
+    let payload = forged_dump(&mut c, "src", t, t + HOUR_OF_TOKENS);
+    restore_payload(&mut c, "ahead", &payload);
+    ok(&mut c, &["SAVE"]);
+    let issued = begin(&mut c, "k", "fp", 100).token();
+    assert!(issued > t + HOUR_OF_TOKENS);
+    s.kill();
+    s.restart();
+    let mut c = s.conn();
+    let again = begin(&mut c, "k", "fp", 100).token();
+    assert!(again > issued, "token {again} after {issued}");
+}
+
+/// A replica promoted while its primary's tokens ran ahead of the clock
+/// does not go on from the last token it applied: the old primary issued
+/// more it never saw. Before, both handed out the same next token.
+#[test]
+fn a_promoted_replica_never_reissues_its_primarys_tokens() {
+    let primary = RedisServer::start();
+    let mut p = primary.conn();
+    let replica = start_replica(&primary);
+    let mut r = replica.conn();
+    wait_link_up(&mut r);
+    let t = begin(&mut p, "src", "fp", 3600).token();
+    let payload = forged_dump(&mut p, "src", t, t + HOUR_OF_TOKENS);
+    restore_payload(&mut p, "ahead", &payload);
+    sync_replica(&mut p);
+    ok(&mut r, &["REPLICAOF", "NO", "ONE"]);
+    // The old primary goes on (its tokens no longer reach the replica).
+    let old = begin(&mut p, "k", "fp", 100).token();
+    let new = begin(&mut r, "k", "fp", 100).token();
+    assert!(
+        new > old,
+        "token {new} from the promoted replica, {old} before"
+    );
+}

@@ -46,6 +46,11 @@ impl Ctx {
             != 0
     }
 
+    /// This node is a replica.
+    pub fn is_replica(self) -> bool {
+        self.flags() & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0
+    }
+
     /// The server runs in cluster mode.
     pub fn in_cluster(self) -> bool {
         self.flags() & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0

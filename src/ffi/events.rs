@@ -48,6 +48,19 @@ pub enum ServerEvent {
     RoleChanged,
     /// A replica came online or went offline.
     ReplicaChange,
+    /// A dataset load started or ended (startup, full sync, DEBUG RELOAD).
+    Loading,
+}
+
+/// The event says this node became a primary.
+pub fn became_primary(event: raw::RedisModuleEvent, subevent: u64) -> bool {
+    event.id == raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED
+        && subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER
+}
+
+/// A `Loading` event's sub-event says the load ended (not failed).
+pub fn loading_ended(subevent: u64) -> bool {
+    subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED
 }
 
 pub fn subscribe_server(
@@ -61,6 +74,7 @@ pub fn subscribe_server(
         ServerEvent::ForkChild => raw::REDISMODULE_EVENT_FORK_CHILD,
         ServerEvent::RoleChanged => raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
         ServerEvent::ReplicaChange => raw::REDISMODULE_EVENT_REPLICA_CHANGE,
+        ServerEvent::Loading => raw::REDISMODULE_EVENT_LOADING,
     };
     let event = raw::RedisModuleEvent { id, dataver: 1 };
     // SAFETY: a live load context; every one of these events exists since

@@ -11,13 +11,25 @@
 //! clock: one forged record cannot push every later token of the node to the
 //! bound. Records carrying such a token are still fenced exactly (a holder's
 //! token must equal the record's); only their order against later tokens is
-//! lost, which needs node clocks a day apart.
+//! lost, which needs node clocks a day apart. After a primary's load and a
+//! promotion the clock jumps (`jump`): the node may not know every token
+//! issued before.
 
 use crate::record::TOKEN_LIMIT;
 
 /// How far ahead of this node's clock an observed token may be and still move
 /// the clock: one day.
 pub const MAX_SKEW_MS: u64 = 24 * 3600 * 1000;
+
+/// Token space a node skips (`jump`) when it may not know every token issued
+/// before: it became a primary (a replica knows only the tokens it applied),
+/// or it loaded a dataset that may lack the tail of what it issued. Once
+/// `last` runs ahead of the clock (a record from a node whose clock is ahead,
+/// a clock stepping back), tokens are a counter, and without the gap the
+/// first one after a failover or restart could be one a live holder has.
+/// Ten minutes of the clock's microseconds: more than a replication lag or
+/// a lost tail holds, a sliver of the 2^53 range.
+pub const JUMP_MS: u64 = 10 * 60 * 1000;
 
 #[derive(Debug, Default, Clone)]
 pub struct TokenClock {
@@ -49,6 +61,15 @@ impl TokenClock {
         }
     }
 
+    /// Moves past every token this node may have missed (`JUMP_MS`).
+    pub fn jump(&mut self, now_ms: u64) {
+        self.last = self
+            .last
+            .max(now_ms.saturating_mul(1000))
+            .saturating_add(JUMP_MS * 1000)
+            .min(TOKEN_LIMIT - 1);
+    }
+
     pub fn last(&self) -> u64 {
         self.last
     }
@@ -75,6 +96,26 @@ mod tests {
         let now = 1_800_000_000_000;
         c.observe(now * 1000 + 5_000, now);
         assert!(c.next(now) > now * 1000 + 5_000);
+    }
+
+    #[test]
+    fn a_jump_skips_what_another_node_may_have_issued() {
+        let now = 1_800_000_000_000;
+        // Ahead of the clock (a counter): the old primary went on from
+        // `seen`, a node that saw only `seen` must not issue seen + 1.
+        let seen = (now + 3_600_000) * 1000;
+        let mut c = TokenClock::default();
+        c.observe(seen, now);
+        c.jump(now);
+        assert_eq!(c.next(now), seen + JUMP_MS * 1000 + 1);
+        // On the clock: the gap is taken from now.
+        let mut c = TokenClock::default();
+        c.jump(now);
+        assert_eq!(c.next(now), (now + JUMP_MS) * 1000 + 1);
+        let mut c = TokenClock::default();
+        c.observe(TOKEN_LIMIT - 2, TOKEN_LIMIT / 1000);
+        c.jump(TOKEN_LIMIT / 1000);
+        assert_eq!(c.last(), TOKEN_LIMIT - 1, "never past the bound");
     }
 
     #[test]
