@@ -54,34 +54,37 @@ extern "C" fn on_keyspace_event(
             // for COPY). Replicas and AOF replay get the same event and do
             // the same. RESTORE keeps the dump's state: MIGRATE moves a key
             // under its own name, whose row Postgres has.
-            b"rename_to" => resync_as_new(ctx, db, key),
+            b"rename_to" => resync(ctx, db, key, Arrival::NewName),
             // Anything else may have replaced the value: look again.
-            _ => resync(ctx, db, key),
+            _ => resync(ctx, db, key, Arrival::Same),
         }
         waiters::key_gone(ctx, db, name);
     });
     raw::REDISMODULE_OK as c_int
 }
 
+/// How a record came to be under the key `resync` looks at.
+#[derive(PartialEq, Eq)]
+enum Arrival {
+    /// Its own name (a write, a restore, a move to another database).
+    Same,
+    /// Renamed to it: pending again (in place, as in `follow_ttl`).
+    NewName,
+}
+
 /// Re-reads the key and brings its outbox entry (and the record's expiry)
 /// in line.
-fn resync(ctx: Ctx, db: i32, key: Name) {
+fn resync(ctx: Ctx, db: i32, key: Name, arrival: Arrival) {
     match Key::inspect(ctx, key).record_and_expiry() {
         Some((record, expiry)) => {
             record.expires_at = expiry;
+            if arrival == Arrival::NewName {
+                record.mark_pending();
+            }
             track(db, key.bytes(), record);
         }
         None => forget(db, key.bytes()),
     }
-}
-
-/// `resync` of a record renamed to `key`: marked pending first (in place,
-/// as in `follow_ttl`).
-fn resync_as_new(ctx: Ctx, db: i32, key: Name) {
-    if let Some((record, _)) = Key::inspect(ctx, key).record_and_expiry() {
-        record.mark_pending();
-    }
-    resync(ctx, db, key);
 }
 
 /// Sets the record's `expires_at` to the key's TTL (a module value may be

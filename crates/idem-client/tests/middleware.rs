@@ -266,18 +266,22 @@ async fn required_keys_and_methods() {
     assert_eq!(f.calls.count(), 2);
 }
 
+/// POST /ok with key `k1` and one `x-account-id` line per tenant.
+async fn post_as_tenants(f: &Fixture, tenants: Vec<&'static [u8]>) -> common::Reply {
+    let mut request = reqwest::Client::new().post(format!("{}/ok", f.server.base));
+    for tenant in tenants {
+        request = request.header("x-account-id", HeaderValue::from_bytes(tenant).unwrap());
+    }
+    send(request, Some("k1"), "{}").await
+}
+
 /// Tenants are header values byte for byte: two that differ only in bytes
 /// that are not UTF-8 are two tenants. A lossy decoding made them one, and
 /// the second tenant was replayed the first one's response.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_that_are_not_utf8_stay_apart() {
     let f = Fixture::start(|l| l.tenant_header(HeaderName::from_static("x-account-id"))).await;
-    let post_as = |tenant: &'static [u8]| {
-        let request = reqwest::Client::new()
-            .post(format!("{}/ok", f.server.base))
-            .header("x-account-id", HeaderValue::from_bytes(tenant).unwrap());
-        send(request, Some("k1"), "{}")
-    };
+    let post_as = |tenant: &'static [u8]| post_as_tenants(&f, vec![tenant]);
     let a = post_as(b"acct\xff").await;
     let b = post_as(b"acct\xfe").await;
     let c = post_as("acct\u{fffd}".as_bytes()).await;
@@ -295,11 +299,7 @@ async fn tenants_that_are_not_utf8_stay_apart() {
 async fn a_repeated_tenant_header_is_not_its_first_line() {
     let f = Fixture::start(|l| l.tenant_header(HeaderName::from_static("x-account-id"))).await;
     let post_as = |tenants: &[&'static str]| {
-        let mut request = reqwest::Client::new().post(format!("{}/ok", f.server.base));
-        for tenant in tenants {
-            request = request.header("x-account-id", *tenant);
-        }
-        send(request, Some("k1"), "{}")
+        post_as_tenants(&f, tenants.iter().map(|t| t.as_bytes()).collect())
     };
     assert_eq!(post_as(&["acct_b"]).await.status, 201);
     let spoofed = post_as(&["acct_b", "acct_a"]).await;
