@@ -7,6 +7,7 @@ pub mod cluster;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod info;
+pub mod netns;
 pub mod postgres_server;
 pub mod wire;
 

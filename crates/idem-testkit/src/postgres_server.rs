@@ -1,6 +1,10 @@
 //! A private, throwaway PostgreSQL cluster (initdb into a scratch dir, own
-//! port, trust auth) for tests that must stop, crash or restart Postgres.
+//! port, trust auth) for tests that must stop, crash or restart Postgres,
+//! or reach it over a network they can cut (`Listen`, `netns`).
 
+use std::ffi::OsString;
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -13,18 +17,49 @@ const DEFAULT_BIN_DIR: &str = "/usr/lib/postgresql/15/bin";
 /// refuses to run as root).
 const CLUSTER_OWNER: &str = "postgres";
 
+/// Where a cluster runs and listens.
+#[derive(Debug, Clone)]
+pub struct Listen {
+    /// The network namespace the server runs in (`ip netns exec`, see
+    /// `netns::Net::postgres`); `None`: the test's own.
+    pub netns: Option<String>,
+    /// Its `listen_addresses`, and the host of its URLs.
+    pub addr: IpAddr,
+    /// A network (CIDR) whose clients get trust auth too; initdb's trust
+    /// covers the loopback only.
+    pub trusted: Option<String>,
+}
+
+impl Default for Listen {
+    /// The loopback of the test's own namespace.
+    fn default() -> Self {
+        Listen {
+            netns: None,
+            addr: Ipv4Addr::LOCALHOST.into(),
+            trusted: None,
+        }
+    }
+}
+
 /// A running private Postgres cluster; stopped (immediately) and its
 /// directory removed on drop. The superuser is `postgres`, auth is trust.
 pub struct PgServer {
     pub port: u16,
     pub dir: PathBuf,
     bin_dir: PathBuf,
+    listen: Listen,
     running: bool,
 }
 
 impl PgServer {
     /// `initdb` into a fresh scratch directory and start on a free port.
     pub fn start() -> Self {
+        Self::start_with(Listen::default())
+    }
+
+    /// `initdb` into a fresh scratch directory and start on a free port,
+    /// where `listen` says.
+    pub fn start_with(listen: Listen) -> Self {
         let dir = scratch_dir("pg");
         let bin_dir = std::env::var("PG_BIN_DIR")
             .map(PathBuf::from)
@@ -33,6 +68,7 @@ impl PgServer {
             port: free_port(),
             dir,
             bin_dir,
+            listen,
             running: false,
         };
         if running_as_root() {
@@ -55,18 +91,23 @@ impl PgServer {
                 path_str(&data),
             ],
         );
+        if let Some(network) = &server.listen.trusted {
+            server.trust(network);
+        }
         server.restart();
         server
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    /// `postgres://postgres@ADDR:PORT/postgres` (ADDR is 127.0.0.1 unless
+    /// `Listen` said otherwise).
     pub fn url(&self) -> String {
         self.url_for("postgres")
     }
 
     /// The URL of database `db` on this cluster.
     pub fn url_for(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+        let addr = SocketAddr::new(self.listen.addr, self.port);
+        format!("postgres://postgres@{addr}/{db}")
     }
 
     /// Creates database `db` and returns its URL.
@@ -77,12 +118,12 @@ impl PgServer {
 
     /// Runs SQL through `psql` against the `postgres` database.
     pub fn psql(&self, sql: &str) -> String {
-        let port = self.port.to_string();
+        let (host, port) = (self.listen.addr.to_string(), self.port.to_string());
         let out = self.run_checked(
             "psql",
             &[
                 "-h",
-                "127.0.0.1",
+                &host,
                 "-p",
                 &port,
                 "-U",
@@ -118,9 +159,10 @@ impl PgServer {
         let data = self.data_dir();
         let log = self.dir.join("postgres.log");
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            "-p {} -k {} -c listen_addresses={}",
             self.port,
-            path_str(&self.dir)
+            path_str(&self.dir),
+            self.listen.addr
         );
         self.run_checked(
             "pg_ctl",
@@ -153,12 +195,25 @@ impl PgServer {
         self.dir.join("data")
     }
 
+    /// Trust auth for TCP clients from `network` (pg_hba.conf, read at start).
+    fn trust(&self, network: &str) {
+        let hba = self.data_dir().join("pg_hba.conf");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&hba)
+            .and_then(|mut file| writeln!(file, "host all all {network} trust"))
+            .unwrap_or_else(|e| panic!("append to {}: {e}", hba.display()));
+    }
+
     fn stop(&mut self, mode: &str) {
         if !self.running {
             return;
         }
         let data = self.data_dir();
-        let out = self.run("pg_ctl", &["stop", "-w", "-m", mode, "-D", path_str(&data)]);
+        // A signal to the postmaster's pid: sent from here, it also works
+        // once the server's namespace is gone.
+        let stop = ["stop", "-w", "-m", mode, "-D", path_str(&data)];
+        let out = self.run_in(None, "pg_ctl", &stop);
         self.running = false;
         if !out.status.success() {
             eprintln!(
@@ -181,17 +236,26 @@ impl PgServer {
         out
     }
 
-    /// Runs a Postgres binary, as the cluster owner when we are root.
+    /// Runs a Postgres binary in the server's namespace.
     fn run(&self, program: &str, args: &[&str]) -> Output {
+        self.run_in(self.listen.netns.as_deref(), program, args)
+    }
+
+    /// Runs a Postgres binary in `netns` (`None`: ours), as the cluster
+    /// owner when we are root.
+    fn run_in(&self, netns: Option<&str>, program: &str, args: &[&str]) -> Output {
         let binary = self.bin_dir.join(program);
-        let mut cmd = if running_as_root() {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", CLUSTER_OWNER, "--"]).arg(&binary);
-            cmd
-        } else {
-            Command::new(&binary)
-        };
-        cmd.args(args)
+        let mut argv: Vec<OsString> = Vec::new();
+        if let Some(netns) = netns {
+            argv.extend(["ip", "netns", "exec", netns].map(OsString::from));
+        }
+        if running_as_root() {
+            argv.extend(["runuser", "-u", CLUSTER_OWNER, "--"].map(OsString::from));
+        }
+        argv.push(binary.as_os_str().to_owned());
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .args(args)
             .current_dir(&self.dir)
             .output()
             .unwrap_or_else(|e| panic!("run {}: {e}", binary.display()))
@@ -205,7 +269,7 @@ impl Drop for PgServer {
     }
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
