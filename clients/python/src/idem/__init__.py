@@ -1,0 +1,93 @@
+"""Python client for the idem Redis module.
+
+- ``idem.IdemClient`` (sync) and ``idem.asyncio.IdemClient``: ``begin``,
+  ``complete``, ``abort``, ``touch``, ``get`` over redis-py;
+- typed outcomes ``New``, ``InFlight``, ``Replay``, ``Mismatch`` and one
+  exception class per module error code (``idem.errors``);
+- ``Fingerprinter``: request fingerprints identical to the Rust client's;
+- ``ReadThrough`` / ``AsyncReadThrough``: Postgres read-through;
+- ``idem.middleware.IdempotencyMiddleware``: the ASGI middleware.
+"""
+
+from idem.canonical_json import canonicalize
+from idem.client import IdemClient
+from idem.errors import (
+    BadArgError,
+    CompletedError,
+    CorruptError,
+    IdemError,
+    InternalError,
+    ModuleError,
+    NoPermError,
+    NotFoundError,
+    OomError,
+    OtherRedisError,
+    PostgresError,
+    StaleError,
+    TooLargeError,
+    UnavailableError,
+    UnexpectedReplyError,
+    WritesRefusedError,
+    WrongTypeError,
+)
+from idem.fingerprint import Fingerprint, Fingerprinter, downstream_key, stored_hex
+from idem.keys import InvalidKeyError, parse_key, parse_value, redis_key, tenant_of_lines
+from idem.read_through import AsyncReadThrough, MirroredRecord, ReadThrough
+from idem.types import (
+    BeginOptions,
+    InFlight,
+    Mismatch,
+    New,
+    Origin,
+    Outcome,
+    PulledRecord,
+    Record,
+    Replay,
+    StoredResponse,
+)
+
+__all__ = [
+    "AsyncReadThrough",
+    "BadArgError",
+    "BeginOptions",
+    "CompletedError",
+    "CorruptError",
+    "Fingerprint",
+    "Fingerprinter",
+    "IdemClient",
+    "IdemError",
+    "InFlight",
+    "InternalError",
+    "InvalidKeyError",
+    "MirroredRecord",
+    "Mismatch",
+    "ModuleError",
+    "New",
+    "NoPermError",
+    "NotFoundError",
+    "OomError",
+    "Origin",
+    "OtherRedisError",
+    "Outcome",
+    "PostgresError",
+    "PulledRecord",
+    "ReadThrough",
+    "Record",
+    "Replay",
+    "StaleError",
+    "StoredResponse",
+    "TooLargeError",
+    "UnavailableError",
+    "UnexpectedReplyError",
+    "WritesRefusedError",
+    "WrongTypeError",
+    "canonicalize",
+    "downstream_key",
+    "parse_key",
+    "parse_value",
+    "redis_key",
+    "stored_hex",
+    "tenant_of_lines",
+]
+
+__version__ = "0.1.0"

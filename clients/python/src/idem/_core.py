@@ -1,0 +1,79 @@
+"""What the sync and the asyncio client share: options, the ``PACKED``
+switch, and the connection settings ``from_url`` applies."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from idem import _spec, wire
+from idem.types import StoredResponse
+from idem.wire import Duration
+
+NEVER_DECODE = {"NEVER_DECODE": True}
+"""redis-py's option to hand replies back as bytes whatever the client's
+``decode_responses``: bodies are bytes."""
+
+
+def default_call_timeout() -> float:
+    """The Rust client's default bound on each call (spec/http.json)."""
+    return float(_spec.http()["defaults"]["call_timeout_ms"]) / 1000
+
+
+def connection_kwargs(call_timeout: float, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``from_url``'s settings: every call bounded by ``call_timeout``, and no
+    retries inside redis-py (a BEGIN or COMPLETE whose reply was lost must
+    surface as unavailable, not be sent again blindly)."""
+    settings: dict[str, Any] = {
+        "socket_timeout": call_timeout,
+        "socket_connect_timeout": call_timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_timeout": False,
+    }
+    settings.update(kwargs)
+    return settings
+
+
+class PackedSwitch:
+    """Whether BEGIN asks for packed replays: on until a module from before
+    ``PACKED`` refuses the option, then off for good."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._enabled = enabled
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    def turn_off(self) -> None:
+        with self._lock:
+            self._enabled = False
+
+
+def begin_args(
+    key: str,
+    fingerprint: bytes,
+    ttl: Duration,
+    lease: Duration | None,
+    wait: Duration | None,
+    packed: bool,
+) -> list[bytes]:
+    return wire.begin_args(key, fingerprint, ttl, lease=lease, wait=wait, packed=packed)
+
+
+def complete_args(key: str, token: int, response: StoredResponse, mirrored: bool) -> list[bytes]:
+    _check_token(token)
+    return wire.complete_args(key, token, response, mirrored=mirrored)
+
+
+def _check_token(token: int) -> None:
+    if not 0 < token < 1 << 63:
+        raise ValueError(f"a token is positive and below 2^63: {token}")
+
+
+def seconds(d: Duration) -> float:
+    return d.total_seconds() if not isinstance(d, float | int) else float(d)

@@ -1,0 +1,183 @@
+"""``IdemClient``: the IDEM.* commands over a redis-py ``Redis`` client
+(its asyncio twin is ``idem.asyncio.IdemClient``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import redis
+import redis.exceptions as rexc
+
+from idem import _core, errors, wire
+from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
+from idem.wire import Duration
+
+log = logging.getLogger("idem")
+
+
+class IdemClient:
+    """Client for the idem module over a redis-py ``Redis``.
+
+    Every call is bounded by the Redis client's ``socket_timeout``
+    (``from_url`` sets it to ``call_timeout``, 2 s by default, and turns
+    redis-py's own retries off). Errors are ``idem.errors.IdemError``: one
+    class per module code, ``UnavailableError`` for an unreachable or
+    down-for-now server, ``WritesRefusedError``, ``OtherRedisError``.
+
+    ``begin(..., wait=s)`` sends a normal BEGIN first and only when it
+    answers ``in_flight`` a blocking one (``WAIT``) on a connection of its
+    own from the pool, so a waiting call never holds up another.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        packed_replies: bool = True,
+        call_timeout: float | None = None,
+    ) -> None:
+        self._redis = client
+        self._packed = _core.PackedSwitch(packed_replies)
+        configured = client.connection_pool.connection_kwargs.get("socket_timeout")
+        self.call_timeout: float = (
+            call_timeout
+            if call_timeout is not None
+            else float(configured)
+            if configured
+            else _core.default_call_timeout()
+        )
+
+    @classmethod
+    def from_url(cls, url: str, *, call_timeout: float | None = None, **kwargs: Any) -> IdemClient:
+        """A client for the server at ``url`` (``redis://host:port/db``)."""
+        timeout = _core.default_call_timeout() if call_timeout is None else call_timeout
+        client = redis.Redis.from_url(url, **_core.connection_kwargs(timeout, kwargs))
+        return cls(client, call_timeout=timeout)
+
+    @property
+    def redis(self) -> redis.Redis:
+        """The redis-py client underneath."""
+        return self._redis
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def __enter__(self) -> IdemClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ commands
+
+    def begin(
+        self,
+        key: str,
+        fingerprint: bytes,
+        *,
+        ttl: Duration,
+        lease: Duration | None = None,
+        wait: Duration | None = None,
+    ) -> Outcome:
+        """``IDEM.BEGIN``: New(token), InFlight(retry_after_ms),
+        Replay(response) or Mismatch. ``ttl`` and ``lease`` in seconds (or
+        ``timedelta``); with ``wait``, a duplicate of a running request waits
+        up to that long for the holder's answer."""
+        first = self._begin(key, fingerprint, ttl, lease, None, None)
+        if not isinstance(first, InFlight) or wire.is_zero(wait):
+            return first
+        assert wait is not None
+        bound = _core.seconds(wait) + self.call_timeout
+        try:
+            return self._begin(key, fingerprint, ttl, lease, wait, bound)
+        except errors.IdemError as err:
+            # The key is known to be in flight; that stays the answer.
+            log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
+            return first
+
+    def begin_with(self, key: str, fingerprint: bytes, options: BeginOptions) -> Outcome:
+        """``begin`` with its options in one value."""
+        return self.begin(key, fingerprint, ttl=options.ttl, lease=options.lease, wait=options.wait)
+
+    def _begin(
+        self,
+        key: str,
+        fingerprint: bytes,
+        ttl: Duration,
+        lease: Duration | None,
+        wait: Duration | None,
+        bound: float | None,
+    ) -> Outcome:
+        packed = self._packed.enabled
+        args = _core.begin_args(key, fingerprint, ttl, lease, wait, packed)
+        try:
+            reply = self._query(args) if bound is None else self._query_blocking(args, bound)
+        except errors.BadArgError as err:
+            if not (packed and wire.refuses_packed(err)):
+                raise
+            self._packed.turn_off()
+            args = _core.begin_args(key, fingerprint, ttl, lease, wait, False)
+            reply = self._query(args) if bound is None else self._query_blocking(args, bound)
+        return wire.parse_begin(reply)
+
+    def complete(
+        self,
+        key: str,
+        token: int,
+        response: StoredResponse,
+        *,
+        origin: Origin = Origin.HANDLER,
+    ) -> None:
+        """``IDEM.COMPLETE``: stores the response for the holder of ``token``
+        (``Origin.MIRROR``: it came from Postgres, stored ``MIRRORED``)."""
+        args = _core.complete_args(key, token, response, origin is Origin.MIRROR)
+        wire.parse_ok(self._query(args))
+
+    def abort(self, key: str, token: int) -> bool:
+        """``IDEM.ABORT``: releases the key; ``False`` when ``token`` no longer
+        holds an in-progress record."""
+        return wire.parse_abort(self._query(wire.abort_args(key, token)))
+
+    def touch(self, key: str, token: int, lease: Duration) -> float:
+        """``IDEM.TOUCH``: the holder's lease becomes now + ``lease``; answers
+        the remaining lease in seconds."""
+        return wire.parse_touch(self._query(wire.touch_args(key, token, lease))) / 1000
+
+    def get(self, key: str) -> Record | None:
+        """``IDEM.GET``: the record, or ``None``."""
+        return wire.parse_record(self._query(wire.get_args(key)))
+
+    # ------------------------------------------------------------ transport
+
+    def _query(self, args: list[bytes]) -> Any:
+        try:
+            return cast(Any, self._redis).execute_command(*args, **_core.NEVER_DECODE)
+        except (rexc.RedisError, OSError) as err:
+            raise errors.from_redis(err) from err
+
+    def _query_blocking(self, args: list[bytes], bound: float) -> Any:
+        """One blocking command on a connection of its own, for at most
+        ``bound`` seconds; the connection is dropped if no answer came."""
+        pool = self._redis.connection_pool
+        try:
+            conn: Any = pool.get_connection()
+        except (rexc.RedisError, OSError) as err:
+            raise errors.from_redis(err) from err
+        healthy = False
+        try:
+            conn.send_command(*args)
+            if not conn.can_read(timeout=bound):
+                raise errors.UnavailableError(f"no answer within {bound:.3f} s")
+            reply = conn.read_response(disable_decoding=True)
+            healthy = True
+            return reply
+        except rexc.ResponseError as err:
+            healthy = True
+            raise errors.from_redis(err) from err
+        except (rexc.RedisError, OSError) as err:
+            raise errors.from_redis(err) from err
+        finally:
+            if not healthy:
+                conn.disconnect()
+            pool.release(conn)
