@@ -993,3 +993,49 @@ async fn the_layer_answers_as_the_spec_says() {
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["detail"], doc["key_errors"]["repeated"]);
 }
+
+// ---------------------------------------------------------------- read-through
+
+/// The value of `const NAME: &str = "...";` in Rust source, as the compiler
+/// reads it (a backslash before a line break drops the break and the next
+/// line's leading whitespace; `\'` and `\"` are the characters).
+fn rust_str_const(source: &str, name: &str) -> String {
+    let start = source
+        .find(&format!("const {name}: &str = \""))
+        .unwrap_or_else(|| panic!("no const {name}"));
+    let rest = &source[start..];
+    let rest = &rest[rest.find('"').unwrap() + 1..];
+    let mut out = String::new();
+    let mut chars = rest.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return out,
+            '\\' => match chars.next() {
+                Some('\n') => {
+                    while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                        chars.next();
+                    }
+                }
+                Some('n') => out.push('\n'),
+                Some(other) => out.push(other),
+                None => break,
+            },
+            c => out.push(c),
+        }
+    }
+    panic!("const {name} is not closed")
+}
+
+#[test]
+fn read_through_matches_the_rust_lookup() {
+    let file = SpecFile::open("read_through.json");
+    let source = include_str!("../src/read_through.rs");
+    assert_eq!(
+        rust_str_const(source, "LOOKUP"),
+        text(&file.doc["lookup_sql"])
+    );
+    assert_eq!(
+        DEFAULT_LOOKUP_TIMEOUT,
+        Duration::from_millis(uint(&file.doc["timeout_ms"]))
+    );
+}

@@ -1,0 +1,193 @@
+"""Fixtures: a redis-server with the idem module on a free port (never 6379
+or 6390), and a throwaway Postgres database with the writer's migrations,
+dropped at the end whatever happens."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+import idem
+import idem.asyncio
+
+REPO = Path(__file__).resolve().parents[3]
+RESERVED = {6379, 6390}
+
+
+def module_path() -> Path:
+    if env := os.environ.get("IDEM_MODULE"):
+        return Path(env)
+    candidates = [
+        REPO / "target/release/module/libidem.so",
+        REPO / "target/release/libidem.so",
+        REPO / "target/debug/libidem.so",
+    ]
+    found = [p for p in candidates if p.exists()]
+    if not found:
+        pytest.exit("libidem.so not built: set IDEM_MODULE or run scripts/test-python.sh", 2)
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+def free_port() -> int:
+    """A port below the kernel's ephemeral range nobody listens on."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except OSError:
+        low = 32768
+    for _ in range(500):
+        port = random.randrange(10000, max(low, 11000))
+        if port in RESERVED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+@dataclass
+class RedisServer:
+    port: int
+    dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/"
+
+    def start(self, *module_args: str) -> None:
+        self.proc = subprocess.Popen(
+            [
+                os.environ.get("IDEM_REDIS_SERVER", "redis-server"),
+                "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+                "--logfile", str(self.dir / "redis.log"),
+                "--enable-debug-command", "yes",
+                "--loadmodule", str(module_path()), *module_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited:\n{self.log()}")
+            try:
+                if redis.Redis(port=self.port, socket_timeout=1).ping():
+                    return
+            except redis.RedisError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server not ready:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def log(self) -> str:
+        try:
+            return (self.dir / "redis.log").read_text()
+        except OSError:
+            return ""
+
+    def raw(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+
+def start_redis(*module_args: str) -> RedisServer:
+    server = RedisServer(free_port(), Path(tempfile.mkdtemp(prefix="idem-py-redis-")))
+    server.start(*module_args)
+    return server
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = start_redis()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_redis() -> Iterator[RedisServer]:
+    """A server of its own, for tests that change its configuration or stop it."""
+    server = start_redis()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[idem.IdemClient]:
+    c = idem.IdemClient.from_url(redis_server.url)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+async def aclient(redis_server: RedisServer) -> AsyncIterator[idem.asyncio.IdemClient]:
+    c = idem.asyncio.IdemClient.from_url(redis_server.url)
+    try:
+        yield c
+    finally:
+        await c.aclose()
+
+
+def key() -> str:
+    """A key no other test uses."""
+    return f"idem:{{t:{uuid.uuid4().hex}}}"
+
+
+# ---------------------------------------------------------------- Postgres
+
+ADMIN_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _with_db(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+def migrations() -> list[Path]:
+    """The writer's migrations for the unpartitioned layout, in order."""
+    files = sorted((REPO / "crates/idem-writer/migrations").glob("*.sql"))
+    return [f for f in files if "partitioned" not in f.name]
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A database of its own with ``idempotency_keys``, dropped at the end."""
+    name = f"idem_py_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = _with_db(ADMIN_URL, name)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for migration in migrations():
+                conn.execute(migration.read_text())  # type: ignore[call-overload]
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
