@@ -298,5 +298,5 @@ def test_redis_errors_are_classified_as_the_spec_says() -> None:
 
 def test_read_through_sql_comes_from_the_spec() -> None:
     spec = load("read_through.json")
-    assert idem.read_through.LOOKUP_SQL == spec["lookup_sql"].replace("$1", "%s")
-    assert idem.read_through.DEFAULT_TIMEOUT == spec["timeout_ms"] / 1000
+    assert spec["lookup_sql"].replace("$1", "%s") == idem.read_through.LOOKUP_SQL
+    assert spec["timeout_ms"] / 1000 == idem.read_through.DEFAULT_TIMEOUT

@@ -6,9 +6,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from idem import _spec, wire
 from idem.types import StoredResponse
 from idem.wire import Duration
@@ -23,14 +20,14 @@ def default_call_timeout() -> float:
     return float(_spec.http()["defaults"]["call_timeout_ms"]) / 1000
 
 
-def connection_kwargs(call_timeout: float, kwargs: dict[str, Any]) -> dict[str, Any]:
+def connection_kwargs(call_timeout: float, kwargs: dict[str, Any], retry: Any) -> dict[str, Any]:
     """``from_url``'s settings: every call bounded by ``call_timeout``, and no
     retries inside redis-py (a BEGIN or COMPLETE whose reply was lost must
     surface as unavailable, not be sent again blindly)."""
     settings: dict[str, Any] = {
         "socket_timeout": call_timeout,
         "socket_connect_timeout": call_timeout,
-        "retry": Retry(NoBackoff(), 0),
+        "retry": retry,
         "retry_on_timeout": False,
     }
     settings.update(kwargs)

@@ -8,6 +8,8 @@ from typing import Any, cast
 
 import redis
 import redis.exceptions as rexc
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from idem import _core, errors, wire
 from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
@@ -52,7 +54,9 @@ class IdemClient:
     def from_url(cls, url: str, *, call_timeout: float | None = None, **kwargs: Any) -> IdemClient:
         """A client for the server at ``url`` (``redis://host:port/db``)."""
         timeout = _core.default_call_timeout() if call_timeout is None else call_timeout
-        client = redis.Redis.from_url(url, **_core.connection_kwargs(timeout, kwargs))
+        client = redis.Redis.from_url(
+            url, **_core.connection_kwargs(timeout, kwargs, Retry(NoBackoff(), 0))
+        )
         return cls(client, call_timeout=timeout)
 
     @property
