@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aredis
-from conftest import RedisServer, free_port, key
 
 import idem
 import idem.asyncio
 from idem import errors
 from idem.types import InFlight, Mismatch, New, Replay, StoredResponse
+
+from conftest import RedisServer, free_port, key
 
 RESPONSE = StoredResponse.of(201, b'{"id":1}', [("content-type", "application/json")])
 

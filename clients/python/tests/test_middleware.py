@@ -1,0 +1,364 @@
+"""The ASGI middleware's HTTP semantics (spec/http.json) on a Starlette app
+through httpx's ASGI transport, against redis-server with the module."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import redis
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import idem
+import idem.asyncio
+from idem.canonical_json import canonicalize
+from idem.middleware import IdempotencyContext, IdempotencyMiddleware
+
+from conftest import RedisServer, free_port
+
+HTTP = json.loads((Path(__file__).resolve().parents[3] / "spec/http.json").read_text())
+PROBLEMS = HTTP["problems"]
+
+
+class Handler:
+    """The application behind the middleware: counts its runs."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.release = asyncio.Event()
+        self.release.set()
+        self.started = asyncio.Event()
+        self.contexts: list[IdempotencyContext] = []
+        self.status = 201
+        self.delay = 0.0
+        self.body_size = 0
+        self.on_run: Callable[[], Any] | None = None
+
+    async def endpoint(self, request: Request) -> Response:
+        self.runs += 1
+        if "idem" in request.scope:
+            self.contexts.append(request.scope["idem"])
+        self.started.set()
+        await self.release.wait()
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.on_run is not None:
+            await self.on_run()
+        if request.url.path == "/boom":
+            raise RuntimeError("handler failed")
+        body = await request.body()
+        payload = {"run": self.runs, "echo": body.decode()}
+        if self.body_size:
+            payload["pad"] = "x" * self.body_size
+        return JSONResponse(
+            payload,
+            status_code=self.status,
+            headers={"location": f"/payments/{self.runs}", "x-other": "not stored"},
+        )
+
+
+async def passthrough(request: Request) -> Response:
+    return JSONResponse({"passthrough": True, "has_idem": "idem" in request.scope})
+
+
+def make_app(handler: Handler, **options: Any) -> Starlette:
+    return Starlette(
+        routes=[
+            Route("/pay", handler.endpoint, methods=["POST", "PATCH"]),
+            Route("/boom", handler.endpoint, methods=["POST"]),
+            Route("/pay", passthrough, methods=["GET", "PUT"]),
+        ],
+        middleware=[Middleware(IdempotencyMiddleware, **options)],
+    )
+
+
+@pytest.fixture
+async def http(
+    aclient: idem.asyncio.IdemClient,
+) -> AsyncIterator[Callable[..., httpx.AsyncClient]]:
+    made: list[httpx.AsyncClient] = []
+
+    def build(handler: Handler, **options: Any) -> httpx.AsyncClient:
+        options.setdefault("client", aclient)
+        app = make_app(handler, **options)
+        c = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        made.append(c)
+        return c
+
+    yield build
+    for c in made:
+        await c.aclose()
+
+
+def unique() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
+def post(c: httpx.AsyncClient, key: str | None, body: str = '{"amount":10}', **kw: Any) -> Any:
+    headers = {"content-type": "application/json", **kw.pop("headers", {})}
+    if key is not None:
+        headers["idempotency-key"] = key
+    return c.post(kw.pop("path", "/pay"), content=body, headers=headers, **kw)
+
+
+def assert_problem(r: httpx.Response, name: str, detail: str | None = None) -> None:
+    spec = PROBLEMS[name]
+    assert r.status_code == spec["status"]
+    assert r.headers["content-type"] == HTTP["headers"]["problem_content_type"]
+    expected = {k: spec[k] for k in ("type", "title", "status", "detail")}
+    if detail is not None:
+        expected["detail"] = detail
+    assert r.content == canonicalize(json.dumps(expected).encode())
+
+
+async def test_new_then_replay_with_stored_headers(http: Any) -> None:
+    h = Handler()
+    c = http(h)
+    k = unique()
+    first = await post(c, k)
+    assert first.status_code == 201
+    assert "idempotent-replayed" not in first.headers
+    assert first.headers["x-other"] == "not stored"
+    again = await post(c, k, body='{ "amount" : 10 }')  # canonical JSON: the same request
+    assert again.status_code == 201
+    assert again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.headers["location"] == "/payments/1"
+    assert again.headers["content-type"] == "application/json"
+    assert "x-other" not in again.headers
+    assert h.runs == 1
+    ctx = h.contexts[0]
+    assert ctx.key == f"idem:{{:{k}}}" and ctx.token > 0 and ctx.ttl == 86400
+
+
+async def test_mismatch_is_422(http: Any) -> None:
+    h = Handler()
+    c = http(h)
+    k = unique()
+    assert (await post(c, k)).status_code == 201
+    assert_problem(await post(c, k, body='{"amount":11}'), "mismatch")
+    assert_problem(await post(c, k, path="/boom"), "mismatch")
+    assert h.runs == 1
+
+
+async def test_in_flight_is_409_with_retry_after(http: Any) -> None:
+    h = Handler()
+    h.release.clear()
+    c = http(h)
+    k = unique()
+    original = asyncio.ensure_future(post(c, k))
+    await h.started.wait()
+    duplicate = await post(c, k)
+    assert_problem(duplicate, "in_flight")
+    assert duplicate.headers["retry-after"] == "2"  # the 30 s lease, capped by max_retry_after
+    h.release.set()
+    assert (await original).status_code == 201
+    assert h.runs == 1
+
+
+async def test_server_errors_and_429_are_not_stored(http: Any) -> None:
+    for status in (500, 503, 429):
+        h = Handler()
+        h.status = status
+        c = http(h)
+        k = unique()
+        assert (await post(c, k)).status_code == status
+        assert (await post(c, k)).status_code == status
+        assert h.runs == 2, status
+    h = Handler()
+    h.status = 500
+    c = http(h, store_policy=lambda status: True)
+    k = unique()
+    await post(c, k)
+    replay = await post(c, k)
+    assert replay.status_code == 500 and replay.headers["idempotent-replayed"] == "true"
+    assert h.runs == 1
+
+
+async def test_bad_missing_and_repeated_keys(http: Any) -> None:
+    h = Handler()
+    c = http(h)
+    errors = HTTP["key_errors"]
+    assert_problem(await post(c, ""), "invalid_key", errors["empty"])
+    assert_problem(await post(c, "k" * 256), "invalid_key", errors["too_long"])
+    assert_problem(await post(c, "two words"), "invalid_key", errors["malformed"])
+    repeated = await c.post(
+        "/pay", content="{}", headers=[("idempotency-key", "a"), ("idempotency-key", "b")]
+    )
+    assert_problem(repeated, "invalid_key", errors["repeated"])
+    assert h.runs == 0
+    # No key passes through, and so do methods not covered.
+    assert (await post(c, None)).status_code == 201
+    assert (await post(c, None)).status_code == 201
+    assert h.runs == 2
+    got = await c.get("/pay", headers={"idempotency-key": "k"})
+    assert got.json() == {"passthrough": True, "has_idem": False}
+    required = http(Handler(), required=True)
+    assert_problem(await post(required, None), "missing_key")
+    # An sf-string and a token name the same key.
+    k = unique()
+    assert (await post(c, f'"{k}"')).status_code == 201
+    assert (await post(c, k)).headers["idempotent-replayed"] == "true"
+
+
+async def test_large_request_is_413_and_large_response_is_sent_not_stored(http: Any) -> None:
+    h = Handler()
+    c = http(h, max_request_body=100, max_response_body=1000)
+    assert_problem(await post(c, unique(), body="x" * 101), "request_too_large")
+    assert h.runs == 0
+    h.body_size = 5000
+    k = unique()
+    big = await post(c, k)
+    assert big.status_code == 201 and len(big.content) > 5000
+    assert json.loads(big.content)["run"] == 1
+    again = await post(c, k)
+    assert "idempotent-replayed" not in again.headers
+    assert h.runs == 2
+
+
+async def test_tenants_scope_keys(http: Any, aclient: idem.asyncio.IdemClient) -> None:
+    h = Handler()
+    c = http(h, tenant_header="x-account-id")
+    k = unique()
+    a = await post(c, k, headers={"x-account-id": "acct_a"})
+    b = await post(c, k, headers={"x-account-id": "acct_b"})
+    assert a.status_code == b.status_code == 201
+    assert h.runs == 2
+    assert (await post(c, k, headers={"x-account-id": "acct_a"})).headers[
+        "idempotent-replayed"
+    ] == "true"
+    assert await aclient.get(idem.redis_key("idem:", "acct_a", k)) is not None
+    assert await aclient.get(idem.redis_key("idem:", "acct_b", k)) is not None
+
+
+async def test_wait_for_result_gives_duplicates_the_original_answer(http: Any) -> None:
+    h = Handler()
+    h.release.clear()
+    c = http(h, wait_for_result=5)
+    k = unique()
+    original = asyncio.ensure_future(post(c, k))
+    await h.started.wait()
+    duplicates = [asyncio.ensure_future(post(c, k)) for _ in range(5)]
+    await asyncio.sleep(0.2)
+    h.release.set()
+    first = await original
+    answers = await asyncio.gather(*duplicates)
+    assert h.runs == 1
+    for r in answers:
+        assert r.status_code == 201 and r.content == first.content
+        assert r.headers["idempotent-replayed"] == "true"
+
+
+async def test_the_lease_is_renewed_while_the_handler_runs(http: Any) -> None:
+    h = Handler()
+    h.delay = 1.0
+    c = http(h, lease=0.3)
+    k = unique()
+    original = asyncio.ensure_future(post(c, k))
+    await h.started.wait()
+    await asyncio.sleep(0.7)  # more than twice the lease
+    assert_problem(await post(c, k), "in_flight")
+    assert (await original).status_code == 201
+    assert h.runs == 1
+
+
+async def test_without_renewal_a_slow_handler_would_be_taken_over(
+    redis_server: RedisServer,
+) -> None:
+    # The teeth of the test above: a holder that stops renewing loses its key.
+    c = idem.asyncio.IdemClient.from_url(redis_server.url)
+    k = f"idem:{{:{unique()}}}"
+    assert isinstance(await c.begin(k, b"fp", ttl=60, lease=0.3), idem.New)
+    await asyncio.sleep(0.7)
+    assert isinstance(await c.begin(k, b"fp", ttl=60, lease=0.3), idem.New)
+    await c.aclose()
+
+
+async def test_redis_down_is_503_or_fail_open(http: Any) -> None:
+    dead = idem.asyncio.IdemClient.from_url(f"redis://127.0.0.1:{free_port()}/", call_timeout=0.5)
+    h = Handler()
+    closed = http(h, client=dead)
+    r = await post(closed, unique())
+    assert_problem(r, "unavailable")
+    assert r.headers["retry-after"] == "1"
+    assert h.runs == 0
+    opened = http(h, client=dead, fail_open=True)
+    assert (await post(opened, unique())).status_code == 201
+    assert h.runs == 1
+    await dead.aclose()
+
+
+async def test_a_failing_handler_releases_its_key(http: Any) -> None:
+    h = Handler()
+    c = http(h)
+    k = unique()
+    with pytest.raises(RuntimeError, match="handler failed"):
+        await post(c, k, path="/boom")
+    with pytest.raises(RuntimeError, match="handler failed"):
+        await post(c, k, path="/boom")
+    assert h.runs == 2
+
+
+async def test_a_key_lost_while_running_is_stored_under_a_new_token(
+    http: Any, redis_server: RedisServer
+) -> None:
+    h = Handler()
+    k = unique()
+    raw = redis.asyncio.Redis(port=redis_server.port)
+
+    async def lose_key() -> None:
+        await raw.delete(f"idem:{{:{k}}}")
+
+    h.on_run = lose_key
+    c = http(h)
+    first = await post(c, k)
+    assert first.status_code == 201
+    again = await post(c, k)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    assert h.runs == 1
+    await raw.aclose()
+
+
+async def test_read_through_after_redis_forgets(
+    http: Any, database_url: str, redis_server: RedisServer
+) -> None:
+    h = Handler()
+    async with AsyncConnectionPool(database_url, min_size=1, max_size=2, open=False) as pool:
+        c = http(h, read_through=idem.AsyncReadThrough(pool))
+        k = unique()
+        first = await post(c, k)
+        assert first.status_code == 201
+        # The writer mirrored it; then Redis lost it.
+        redis_key = f"idem:{{:{k}}}"
+        record = redis.Redis(port=redis_server.port).execute_command("IDEM.GET", redis_key)
+        fields = dict(zip(record[::2], record[1::2], strict=True))
+        flat = fields[b"headers"]
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO idempotency_keys (key, fingerprint, status, token, created_at,"
+                " expires_at, response_status, response_body, response_headers, completed_at)"
+                " VALUES (%s, %s, 'completed', %s, now(), now() + interval '1 hour', %s, %s,"
+                " %s, now())",
+                (redis_key, fields[b"fingerprint"].decode(), fields[b"token"], fields[b"status"],
+                 fields[b"body"], flat),
+            )  # fmt: skip
+        redis.Redis(port=redis_server.port).delete(redis_key)
+        again = await post(c, k)
+        assert again.status_code == 201 and again.content == first.content
+        assert again.headers["idempotent-replayed"] == "true"
+        assert h.runs == 1
+        assert_problem(await post(c, k, body='{"amount":99}'), "mismatch")
