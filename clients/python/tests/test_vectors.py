@@ -300,3 +300,13 @@ def test_read_through_sql_comes_from_the_spec() -> None:
     spec = load("read_through.json")
     assert spec["lookup_sql"].replace("$1", "%s") == idem.read_through.LOOKUP_SQL
     assert spec["timeout_ms"] / 1000 == idem.read_through.DEFAULT_TIMEOUT
+
+
+def test_the_installed_package_ships_the_repositorys_spec() -> None:
+    from importlib import resources
+
+    shipped = resources.files("idem").joinpath("_spec")
+    if not shipped.joinpath("errors.json").is_file():
+        pytest.skip("an editable install reads the repository's spec/ directly")
+    for name in ("errors.json", "http.json", "read_through.json"):
+        assert shipped.joinpath(name).read_bytes() == (SPEC / name).read_bytes(), name
