@@ -362,3 +362,88 @@ async def test_read_through_after_redis_forgets(
         assert again.headers["idempotent-replayed"] == "true"
         assert h.runs == 1
         assert_problem(await post(c, k, body='{"amount":99}'), "mismatch")
+
+
+def fingerprint_vector(name: str) -> dict[str, Any]:
+    doc = json.loads(
+        (Path(__file__).resolve().parents[3] / "spec/vectors/fingerprint.json").read_text()
+    )
+    (case,) = [c for c in doc["cases"] if c["name"] == name]
+    return case  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "name", ["canonical_with_header_and_query", "query_kept_as_sent", "percent_encoding_kept"]
+)
+async def test_the_middleware_fingerprints_as_the_rust_layer(
+    name: str, aclient: idem.asyncio.IdemClient
+) -> None:
+    case = fingerprint_vector(name)
+    request, config = case["request"], case["fingerprinter"]
+
+    async def created(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    app = IdempotencyMiddleware(
+        created,
+        client=aclient,
+        fingerprinter=idem.Fingerprinter(
+            headers=config["headers"], canonical_json=config["canonical_json"]
+        ),
+    )
+    k = unique()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        r = await c.request(
+            request["method"],
+            request["target"],
+            content=request["body"].encode(),
+            headers=[*request["headers"], ("idempotency-key", k)],
+        )
+    assert r.status_code == 201
+    record = await aclient.get(f"idem:{{:{k}}}")
+    assert record is not None
+    assert record.fingerprint_hex == case["expected"]["stored_hex"]
+
+
+async def test_a_client_hanging_up_does_not_cut_the_flow_short(
+    aclient: idem.asyncio.IdemClient,
+) -> None:
+    h = Handler()
+    h.release.clear()
+    app = make_app(h, client=aclient)
+    k = unique()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/pay", "raw_path": b"/pay", "query_string": b"",
+        "root_path": "", "server": ("t", 80), "client": ("c", 1),
+        "headers": [(b"idempotency-key", k.encode()), (b"content-type", b"application/json")],
+    }  # fmt: skip
+    messages = [{"type": "http.request", "body": b'{"amount":10}', "more_body": False}]
+    hung_up = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await hung_up.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        pass
+
+    request = asyncio.ensure_future(app(scope, receive, send))
+    await h.started.wait()
+    request.cancel()  # the server gives up on the request
+    hung_up.set()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    h.release.set()
+    for _ in range(100):
+        record = await aclient.get(f"idem:{{:{k}}}")
+        if record is not None and record.state == "completed":
+            break
+        await asyncio.sleep(0.02)
+    assert record is not None and record.state == "completed"
+    assert record.response is not None and record.response.status == 201
+    assert h.runs == 1

@@ -30,6 +30,7 @@ import json
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -493,9 +494,14 @@ def _lines(scope: Scope, name: bytes) -> list[bytes]:
 def _target(scope: Scope) -> bytes:
     """The request target as sent: the raw path and the query string."""
     raw = scope.get("raw_path")
-    path = bytes(raw) if raw else scope.get("path", "/").encode("utf-8")
+    path = bytes(raw).split(b"?", 1)[0] if raw else _quote_path(scope.get("path", "/"))
     query = bytes(scope.get("query_string", b""))
     return path + b"?" + query if query else path
+
+
+def _quote_path(path: str) -> bytes:
+    """A decoded path (a server without ``raw_path``) as it was most likely sent."""
+    return urllib.parse.quote(path, safe="/:@!$&'()*+,;=-._~%").encode("ascii")
 
 
 def _replayed(body: bytes, receive: Receive) -> Receive:
