@@ -447,3 +447,42 @@ async def test_a_client_hanging_up_does_not_cut_the_flow_short(
     assert record is not None and record.state == "completed"
     assert record.response is not None and record.response.status == 201
     assert h.runs == 1
+
+
+async def test_a_full_redis_answers_a_new_key_503_and_keeps_a_finished_one(
+    http: Any, fresh_redis: RedisServer
+) -> None:
+    c = idem.asyncio.IdemClient.from_url(fresh_redis.url)
+    raw = redis.asyncio.Redis(port=fresh_redis.port)
+    h = Handler()
+    app = http(h, client=c, store_retry=10)
+    await raw.config_set("maxmemory", 1)
+    r = await post(app, unique())
+    assert_problem(r, "unavailable")
+    assert h.runs == 0
+    await raw.config_set("maxmemory", 0)
+
+    # Redis fills up while the handler runs: COMPLETE is refused (OOM); the
+    # key stays held (a retry is 409, not a second run) and the response is
+    # stored in the background once memory is freed.
+    async def fill_up() -> None:
+        await raw.config_set("maxmemory", 1)
+
+    h.on_run = fill_up
+    k = unique()
+    first = await post(app, k)
+    assert first.status_code == 201
+    h.on_run = None
+    assert_problem(await post(app, k), "in_flight")
+    await raw.config_set("maxmemory", 0)
+    for _ in range(100):
+        record = await c.get(f"idem:{{:{k}}}")
+        if record is not None and record.state == "completed":
+            break
+        await asyncio.sleep(0.05)
+    replay = await post(app, k)
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert replay.content == first.content
+    assert h.runs == 1
+    await raw.aclose()
+    await c.aclose()
