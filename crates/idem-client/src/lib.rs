@@ -41,7 +41,7 @@ pub use call::DEFAULT_CALL_TIMEOUT;
 pub use client::IdemClient;
 pub use error::IdemError;
 #[cfg(feature = "postgres")]
-pub use fence::{Claim, Fence, FenceTransaction, TableLayout};
+pub use fence::{Claim, Commit, Fence, FenceClient, FenceTransaction, Hold, TableLayout};
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use memory::MemoryStore;
 #[cfg(feature = "middleware")]

@@ -1,8 +1,11 @@
-//! The fence's SQL protocol against a real Postgres: many concurrent claims
-//! of one key commit one effect, a stale token never commits over a newer
-//! one, expired rows are reused, mismatches and open holders are refused,
-//! and the writer's upsert and cleanup agree with fence rows; on both
-//! layouts of `idempotency_keys`. On the partitioned one, the writer and the
+//! The fence's SQL protocol against a real Postgres, in both shapes (a
+//! durable claim then a short completing transaction; claim and completion
+//! in one transaction): many concurrent claims of one key commit one effect,
+//! a stale token never commits over a newer one, a live claim keeps retries
+//! out until its lease lapses and a holder that lost its key commits
+//! nothing, expired rows are reused, mismatches and open holders are
+//! refused, and the writer's upsert and cleanup agree with fence rows; on
+//! both layouts of `idempotency_keys`. On the partitioned one, the writer and the
 //! fence racing on one key keep one row (and the naive `ON CONFLICT (key,
 //! expires_at)` would not).
 
@@ -10,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Manager, Pool};
 use futures_util::future::join_all;
-use idem_client::{Claim, Fence, StoredResponse, TableLayout};
+use idem_client::{Claim, Commit, Fence, Hold, StoredResponse, TableLayout};
 use idem_testkit::PgDatabase;
 use idem_writer::MirrorRecord;
 use tokio_postgres::{Client, NoTls};
@@ -78,25 +81,51 @@ fn response(token: u64) -> StoredResponse {
         .with_header("content-type", "application/json")
 }
 
-/// One request's transaction: claim, and on `Proceed` record the effect and
-/// commit it with the response through the fence.
+/// One request in two phases: a durable claim, and on `Proceed` a short
+/// transaction recording the effect and committing it with the response
+/// through the fence. A holder that lost the key answers what it holds.
 async fn attempt(client: &mut Client, fence: &Fence) -> Claim {
+    let claim = fence.claim(&mut *client).await.expect("claim");
+    if claim != Claim::Proceed {
+        return claim;
+    }
     let tx = client.transaction().await.expect("begin");
-    let claim = fence.claim(&tx).await.expect("claim");
-    if claim == Claim::Proceed {
-        let token = i64::try_from(fence.token()).unwrap();
-        tx.execute(
-            "INSERT INTO effects (key, token) VALUES ($1, $2)",
-            &[&fence.key(), &token],
-        )
+    record_effect(&tx, fence).await;
+    match fence
+        .commit(tx, &response(fence.token()))
         .await
-        .expect("effect");
-        fence
-            .commit(tx, &response(fence.token()))
-            .await
-            .expect("commit");
+        .expect("commit")
+    {
+        Commit::Committed => Claim::Proceed,
+        Commit::Lost(claim) => claim,
+    }
+}
+
+/// One request in one transaction: claim, effect and completion.
+async fn attempt_in(client: &mut Client, fence: &Fence) -> Claim {
+    let tx = client.transaction().await.expect("begin");
+    let claim = fence.claim_in(&tx).await.expect("claim");
+    if claim == Claim::Proceed {
+        record_effect(&tx, fence).await;
+        assert_eq!(
+            fence
+                .commit(tx, &response(fence.token()))
+                .await
+                .expect("commit"),
+            Commit::Committed
+        );
     }
     claim
+}
+
+async fn record_effect(tx: &tokio_postgres::Transaction<'_>, fence: &Fence) {
+    let token = i64::try_from(fence.token()).unwrap();
+    tx.execute(
+        "INSERT INTO effects (key, token) VALUES ($1, $2)",
+        &[&fence.key(), &token],
+    )
+    .await
+    .expect("effect");
 }
 
 async fn effects(client: &Client, key: &str) -> Vec<i64> {
@@ -129,7 +158,8 @@ async fn concurrent_claims_commit_exactly_one_effect(layout: TableLayout) {
     for round in 0..5 {
         let key = format!("k-{round}");
         // 24 holders with distinct tokens (as takeovers would hand out), each
-        // on its own connection, retrying while the key is in flight.
+        // on its own connection, retrying while the key is in flight; even
+        // rounds in two phases, odd ones in one transaction.
         let tasks = (1..=24u64).map(|token| {
             let (url, key) = (db.url.clone(), key.clone());
             tokio::spawn(async move {
@@ -137,7 +167,12 @@ async fn concurrent_claims_commit_exactly_one_effect(layout: TableLayout) {
                 tokio::spawn(conn);
                 let fence = new_fence(layout, &key, 1000 + token, b"fp", TTL);
                 loop {
-                    match attempt(&mut client, &fence).await {
+                    let answer = if round % 2 == 0 {
+                        attempt(&mut client, &fence).await
+                    } else {
+                        attempt_in(&mut client, &fence).await
+                    };
+                    match answer {
                         Claim::InFlight => tokio::time::sleep(Duration::from_millis(2)).await,
                         other => return other,
                     }
@@ -180,13 +215,13 @@ async fn an_open_holder_makes_others_in_flight_and_a_rollback_frees_the_key(layo
     let newer = new_fence(layout, "k", 20, b"fp", TTL);
 
     let holding = first.transaction().await.unwrap();
-    assert_eq!(older.claim(&holding).await.unwrap(), Claim::Proceed);
+    assert_eq!(older.claim_in(&holding).await.unwrap(), Claim::Proceed);
     // The older holder's transaction is open: the newer one is told at once.
     let started = std::time::Instant::now();
     assert_eq!(attempt(&mut second, &newer).await, Claim::InFlight);
     assert!(started.elapsed() < Duration::from_secs(1), "no waiting");
     // Claiming twice in one transaction is harmless.
-    assert_eq!(older.claim(&holding).await.unwrap(), Claim::Proceed);
+    assert_eq!(older.claim_in(&holding).await.unwrap(), Claim::Proceed);
     holding.rollback().await.unwrap();
     assert_eq!(
         row(&second, "k").await,
@@ -214,20 +249,30 @@ async fn a_stale_token_never_commits_over_a_newer_one(layout: TableLayout) {
         attempt(&mut other, &stale).await,
         Claim::Replay(response(20))
     );
-    // Completing without a claim of its own is refused.
+    // Completing without a claim of its own finds the key's answer.
     let tx = other.transaction().await.unwrap();
-    let err = stale.complete(&tx, &response(10)).await.unwrap_err();
-    assert!(matches!(err, idem_client::IdemError::Stale(_)), "{err:?}");
+    assert_eq!(
+        stale.complete(&tx, &response(10)).await.unwrap(),
+        Commit::Lost(Claim::Replay(response(20)))
+    );
     drop(tx);
     assert_eq!(effects(&client, "k").await, vec![20]);
     assert_eq!(row(&client, "k").await.unwrap().1, 20);
 
-    // A stale holder's uncompleted claim left behind (committed by hand) is
-    // taken over by a newer token; a newer one is never taken by an older.
+    // An uncompleted claim left behind (committed by hand) is taken over by
+    // a newer token once its lease lapsed; a newer one is never taken by an
+    // older.
     let tx = client.transaction().await.unwrap();
-    let left = new_fence(layout, "j", 30, b"fp", TTL);
-    assert_eq!(left.claim(&tx).await.unwrap(), Claim::Proceed);
+    let lease = Duration::from_millis(200);
+    let left = new_fence(layout, "j", 30, b"fp", TTL).with_lease(lease);
+    assert_eq!(left.claim_in(&tx).await.unwrap(), Claim::Proceed);
     tx.commit().await.unwrap();
+    assert_eq!(
+        attempt(&mut client, &new_fence(layout, "j", 40, b"fp", TTL)).await,
+        Claim::InFlight,
+        "its lease runs"
+    );
+    tokio::time::sleep(lease).await;
     assert_eq!(
         attempt(&mut client, &new_fence(layout, "j", 25, b"fp", TTL)).await,
         Claim::InFlight
@@ -266,15 +311,13 @@ async fn expired_rows_are_reused_and_mismatches_refused(layout: TableLayout) {
         attempt(&mut client, &new_fence(layout, "k", 30, b"other", TTL)).await,
         Claim::Mismatch
     );
-    let tx = client.transaction().await.unwrap();
     assert_eq!(
         new_fence(layout, "m", 30, b"a", TTL)
-            .claim(&tx)
+            .claim(&mut client)
             .await
             .unwrap(),
         Claim::Proceed
     );
-    tx.commit().await.unwrap();
     assert_eq!(
         attempt(&mut client, &new_fence(layout, "m", 40, b"b", TTL)).await,
         Claim::Mismatch
@@ -330,7 +373,7 @@ async fn the_writer_upsert_and_cleanup_agree_with_fence_rows(layout: TableLayout
     let mut holder = db.connect().await;
     let tx = holder.transaction().await.unwrap();
     let held = new_fence(layout, "y", 5, b"fp", Duration::from_millis(1));
-    assert_eq!(held.claim(&tx).await.unwrap(), Claim::Proceed);
+    assert_eq!(held.claim_in(&tx).await.unwrap(), Claim::Proceed);
     tokio::time::sleep(Duration::from_millis(20)).await;
     let cleaned = idem_writer::cleanup::clean(&client, 100, 1).await.unwrap();
     match layout {
@@ -402,10 +445,13 @@ async fn a_later_redis_record_never_replaces_the_answer_committed_with_the_effec
 }
 
 async fn fence_commit_after_cleanup(tx: tokio_postgres::Transaction<'_>, fence: &Fence) {
-    fence
-        .commit(tx, &response(fence.token()))
-        .await
-        .expect("commit");
+    assert_eq!(
+        fence
+            .commit(tx, &response(fence.token()))
+            .await
+            .expect("commit"),
+        Commit::Committed
+    );
 }
 
 idem_testkit::both_layouts!(idem_client::TableLayout, works_with_deadpool_transactions);
@@ -419,15 +465,34 @@ async fn works_with_deadpool_transactions(layout: TableLayout) {
     let mut conn = pool.get().await.unwrap();
     let fence = new_fence(layout, "k", 7, b"fp", TTL);
     let tx = conn.transaction().await.unwrap();
-    assert_eq!(fence.claim(&tx).await.unwrap(), Claim::Proceed);
-    fence.commit(tx, &response(7)).await.unwrap();
+    assert_eq!(fence.claim_in(&tx).await.unwrap(), Claim::Proceed);
+    assert_eq!(
+        fence.commit(tx, &response(7)).await.unwrap(),
+        Commit::Committed
+    );
     let tx = conn.transaction().await.unwrap();
     assert_eq!(
         new_fence(layout, "k", 8, b"fp", TTL)
-            .claim(&tx)
+            .claim_in(&tx)
             .await
             .unwrap(),
         Claim::Replay(response(7))
+    );
+    drop(tx);
+    // Durable claims through the pool and through a pooled connection.
+    let durable = new_fence(layout, "d", 9, b"fp", TTL);
+    assert_eq!(durable.claim(&pool).await.unwrap(), Claim::Proceed);
+    let tx = conn.transaction().await.unwrap();
+    assert_eq!(
+        durable.commit(tx, &response(9)).await.unwrap(),
+        Commit::Committed
+    );
+    assert_eq!(
+        new_fence(layout, "d", 10, b"fp", TTL)
+            .claim(&mut conn)
+            .await
+            .unwrap(),
+        Claim::Replay(response(9))
     );
 }
 
@@ -467,9 +532,13 @@ async fn writer_and_fence_race(naive: bool) -> (usize, i64) {
                     .replace("ON CONFLICT (key)", "ON CONFLICT (key, expires_at)");
                 let tx = client.transaction().await.unwrap();
                 let fp = idem_client::fingerprint::stored_hex(b"fp");
-                tx.query(&sql, &[&key, &fp, &20_i64, &3600.0_f64])
-                    .await
-                    .unwrap();
+                let unset: Option<&str> = None;
+                tx.query(
+                    &sql,
+                    &[&key, &fp, &20_i64, &3600.0_f64, &30.0_f64, &unset, &unset],
+                )
+                .await
+                .unwrap();
                 tx.commit().await.unwrap();
             } else {
                 let fence = new_fence(layout, &key, 20, b"fp", TTL);
@@ -518,7 +587,10 @@ async fn teeth_naive_conflict_target_makes_two_rows_per_key_when_partitioned() {
 async fn the_unpartitioned_claim_on_a_partitioned_table_says_which_fence_to_use() {
     let (_db, mut client) = database(TableLayout::Partitioned).await;
     let tx = client.transaction().await.unwrap();
-    let error = Fence::new("k", 7, b"fp", TTL).claim(&tx).await.unwrap_err();
+    let error = Fence::new("k", 7, b"fp", TTL)
+        .claim_in(&tx)
+        .await
+        .unwrap_err();
     assert!(
         error
             .to_string()
@@ -542,7 +614,7 @@ async fn claim_after_a_commit_at(
     let holder = new_fence(layout, "k", 10, b"fp", TTL);
     let retry = new_fence(layout, "k", 20, b"fp", TTL);
     let ta = a.transaction().await.unwrap();
-    assert_eq!(holder.claim(&ta).await.unwrap(), Claim::Proceed);
+    assert_eq!(holder.claim_in(&ta).await.unwrap(), Claim::Proceed);
     ta.execute("INSERT INTO effects VALUES ('k', 10)", &[])
         .await
         .unwrap();
@@ -553,13 +625,19 @@ async fn claim_after_a_commit_at(
         .await
         .unwrap();
     tb.query("SELECT count(*) FROM effects", &[]).await.unwrap();
-    holder.commit(ta, &response(10)).await.unwrap();
-    let claim = retry.claim(&tb).await.map_err(|e| e.to_string());
+    assert_eq!(
+        holder.commit(ta, &response(10)).await.unwrap(),
+        Commit::Committed
+    );
+    let claim = retry.claim_in(&tb).await.map_err(|e| e.to_string());
     if claim == Ok(Claim::Proceed) {
         tb.execute("INSERT INTO effects VALUES ('k', 20)", &[])
             .await
             .unwrap();
-        retry.commit(tb, &response(20)).await.unwrap();
+        assert_eq!(
+            retry.commit(tb, &response(20)).await.unwrap(),
+            Commit::Committed
+        );
     }
     let rows: i64 = check
         .query_one("SELECT count(*) FROM idempotency_keys WHERE key = 'k'", &[])
@@ -619,13 +697,16 @@ async fn the_writer_keeps_one_row_under_a_repeatable_read_default() {
         .start()
         .await
         .unwrap();
-    assert_eq!(holder.claim(&tx).await.unwrap(), Claim::Proceed);
+    assert_eq!(holder.claim_in(&tx).await.unwrap(), Claim::Proceed);
     let record = mirror_record("k", 20, b"fp");
     let writer = tokio::spawn(async move {
         writer_upsert(&writer_conn, TableLayout::Partitioned, &[record]).await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    holder.commit(tx, &response(10)).await.unwrap();
+    assert_eq!(
+        holder.commit(tx, &response(10)).await.unwrap(),
+        Commit::Committed
+    );
     writer.await.unwrap();
     let rows: i64 = check
         .query_one("SELECT count(*) FROM idempotency_keys WHERE key = 'k'", &[])
@@ -633,4 +714,136 @@ async fn the_writer_keeps_one_row_under_a_repeatable_read_default() {
         .unwrap()
         .get(0);
     assert_eq!(rows, 1, "two rows for one key");
+    // A durable claim runs its two statements at READ COMMITTED whatever
+    // the database's default.
+    let durable = new_fence(TableLayout::Partitioned, "d", 10, b"fp", TTL);
+    assert_eq!(
+        durable.claim(&mut holder_conn).await.unwrap(),
+        Claim::Proceed
+    );
+}
+
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    a_live_claim_keeps_retries_out_until_its_lease_lapses_and_a_holder_that_lost_commits_nothing
+);
+/// Redis forgot the key: the holder's durable claim (no transaction open)
+/// makes a retry in flight while its lease runs; once it lapsed the retry
+/// takes the key over and commits; the old holder, awake again, commits
+/// nothing and gets the retry's answer. One effect.
+async fn a_live_claim_keeps_retries_out_until_its_lease_lapses_and_a_holder_that_lost_commits_nothing(
+    layout: TableLayout,
+) {
+    let (db, mut check) = database(layout).await;
+    let (mut a, mut b) = (db.connect().await, db.connect().await);
+    let lease = Duration::from_millis(400);
+    let holder = new_fence(layout, "k", 10, b"fp", TTL).with_lease(lease);
+    let retry = new_fence(layout, "k", 20, b"fp", TTL).with_lease(lease);
+    assert_eq!(holder.claim(&mut a).await.unwrap(), Claim::Proceed);
+    let idle_in_transaction: i64 = check
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        idle_in_transaction, 0,
+        "the claim holds no transaction open"
+    );
+    let started = std::time::Instant::now();
+    assert_eq!(attempt(&mut b, &retry).await, Claim::InFlight);
+    assert!(started.elapsed() < lease, "told at once");
+    tokio::time::sleep(lease).await;
+    assert_eq!(attempt(&mut b, &retry).await, Claim::Proceed);
+
+    // The old holder wakes after the takeover.
+    let tx = a.transaction().await.unwrap();
+    record_effect(&tx, &holder).await;
+    assert_eq!(
+        holder.commit(tx, &response(10)).await.unwrap(),
+        Commit::Lost(Claim::Replay(response(20)))
+    );
+    assert_eq!(effects(&check, "k").await, vec![20]);
+    // A release by the old holder leaves the newer row alone.
+    holder.release(&mut check).await.unwrap();
+    assert_eq!(
+        row(&check, "k").await.unwrap(),
+        ("completed".into(), 20, Some(201))
+    );
+
+    // Lost before the new holder committed: in flight.
+    let first = new_fence(layout, "j", 10, b"fp", TTL).with_lease(lease);
+    let second = new_fence(layout, "j", 20, b"fp", TTL).with_lease(lease);
+    assert_eq!(first.claim(&mut a).await.unwrap(), Claim::Proceed);
+    tokio::time::sleep(lease).await;
+    assert_eq!(second.claim(&mut b).await.unwrap(), Claim::Proceed);
+    let tx = a.transaction().await.unwrap();
+    record_effect(&tx, &first).await;
+    assert_eq!(
+        first.commit(tx, &response(10)).await.unwrap(),
+        Commit::Lost(Claim::InFlight)
+    );
+    assert!(effects(&check, "j").await.is_empty());
+}
+
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    a_released_claim_lets_a_retry_proceed_at_once
+);
+async fn a_released_claim_lets_a_retry_proceed_at_once(layout: TableLayout) {
+    let (db, mut check) = database(layout).await;
+    let config: tokio_postgres::Config = db.url.parse().unwrap();
+    let pool = Pool::builder(Manager::new(config, NoTls))
+        .max_size(1)
+        .build()
+        .unwrap();
+    let holder = new_fence(layout, "k", 10, b"fp", TTL);
+    assert_eq!(holder.claim(&pool).await.unwrap(), Claim::Proceed);
+    assert_eq!(
+        pool.status().available,
+        1,
+        "no connection is held between the phases"
+    );
+    let retry = new_fence(layout, "k", 20, b"fp", TTL);
+    assert_eq!(retry.claim(&mut check).await.unwrap(), Claim::InFlight);
+    holder.release(&pool).await.unwrap();
+    assert_eq!(row(&check, "k").await, None);
+    assert_eq!(attempt(&mut check, &retry).await, Claim::Proceed);
+    assert_eq!(effects(&check, "k").await, vec![20]);
+}
+
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    a_handler_of_several_phases_holds_the_key_in_each
+);
+/// Each phase's transaction confirms the key is still held and renews the
+/// lease; after a takeover, the stale holder's next phase commits nothing.
+async fn a_handler_of_several_phases_holds_the_key_in_each(layout: TableLayout) {
+    let (db, mut check) = database(layout).await;
+    let mut a = db.connect().await;
+    let lease = Duration::from_millis(600);
+    let holder = new_fence(layout, "k", 10, b"fp", TTL).with_lease(lease);
+    let retry = new_fence(layout, "k", 20, b"fp", TTL).with_lease(lease);
+    assert_eq!(holder.claim(&mut a).await.unwrap(), Claim::Proceed);
+    for _ in 0..3 {
+        tokio::time::sleep(lease / 2).await;
+        let tx = a.transaction().await.unwrap();
+        assert_eq!(holder.hold(&tx).await.unwrap(), Hold::Held);
+        record_effect(&tx, &holder).await;
+        tx.commit().await.unwrap();
+        assert_eq!(
+            retry.claim(&mut check).await.unwrap(),
+            Claim::InFlight,
+            "the renewed lease runs"
+        );
+    }
+    tokio::time::sleep(lease).await;
+    assert_eq!(retry.claim(&mut check).await.unwrap(), Claim::Proceed);
+    let tx = a.transaction().await.unwrap();
+    assert_eq!(holder.hold(&tx).await.unwrap(), Hold::Lost(Claim::InFlight));
+    tx.rollback().await.unwrap();
+    assert_eq!(effects(&check, "k").await, vec![10, 10, 10]);
 }

@@ -31,20 +31,23 @@ struct App {
 /// `rollback` drops the transaction instead of committing.
 async fn fenced(app: &App, fence: &Fence, status: u16, rollback: bool) -> Response {
     let n = app.calls.fetch_add(1, Ordering::SeqCst) + 1;
-    let mut client = app.pool.get().await.unwrap();
-    let tx = client.transaction().await.unwrap();
-    match fence.claim(&tx).await.unwrap() {
+    match fence.claim(&app.pool).await.unwrap() {
         Claim::Proceed => {}
         // The middleware answers for the fence; this must not reach a client.
         _ => return StatusCode::IM_A_TEAPOT.into_response(),
     }
+    let mut client = app.pool.get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
     tx.execute("INSERT INTO effects (n) VALUES ($1)", &[&(n as i64)])
         .await
         .unwrap();
     let stored = StoredResponse::new(status, format!("{{\"n\":{n}}}"))
         .with_header("content-type", "application/json");
     if !rollback {
-        fence.commit(tx, &stored).await.unwrap();
+        assert_eq!(
+            fence.commit(tx, &stored).await.unwrap(),
+            idem_client::Commit::Committed
+        );
     }
     (
         StatusCode::from_u16(status).unwrap(),
@@ -278,7 +281,7 @@ async fn an_open_holder_is_409_and_another_request_is_422_and_both_release_redis
         &fingerprint("/created"),
         common::LONG,
     );
-    assert_eq!(fence.claim(&tx).await.unwrap(), Claim::Proceed);
+    assert_eq!(fence.claim_in(&tx).await.unwrap(), Claim::Proceed);
     let busy = f.post("/created", "k409").await;
     assert_eq!(busy.status, 409);
     assert_eq!(busy.header("retry-after"), Some("1"));
@@ -296,6 +299,31 @@ async fn an_open_holder_is_409_and_another_request_is_422_and_both_release_redis
     let other = f.post("/committed-500", "k409").await;
     assert_eq!(other.status, 422);
     assert_eq!(f.redis_field("k409", "state").await, None, "released");
+    assert_eq!(f.effects().await, 1);
+}
+
+/// Redis forgot a key whose holder claimed durably and still runs: the
+/// retry's claim finds the committed `in_progress` row and answers 409 while
+/// its lease runs, without waiting; nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_durable_claim_is_409_when_redis_forgot_the_key() {
+    let f = Fixture::start().await;
+    let redis_key = Fixture::redis_key("kd");
+    let holder = Fence::new(
+        redis_key.as_str(),
+        1,
+        &fingerprint("/created"),
+        common::LONG,
+    );
+    assert_eq!(holder.claim(&f.app.pool).await.unwrap(), Claim::Proceed);
+    let busy = f.post("/created", "kd").await;
+    assert_eq!(busy.status, 409);
+    assert_eq!(f.redis_field("kd", "state").await, None, "released");
+    assert_eq!(f.effects().await, 0);
+    // The holder gives up (the middleware does it for its own handlers):
+    // the retry proceeds at once.
+    holder.release(&f.app.pool).await.unwrap();
+    assert_eq!(f.post("/created", "kd").await.status, 201);
     assert_eq!(f.effects().await, 1);
 }
 

@@ -31,19 +31,22 @@ struct App {
 /// effect and commits 201 through the fence; a failed claim is 500.
 async fn create(State(app): State<App>, Extension(fence): Extension<Fence>) -> Response {
     let n = app.calls.fetch_add(1, Ordering::SeqCst) + 1;
-    let mut client = app.pool.get().await.unwrap();
-    let tx = client.transaction().await.unwrap();
-    match fence.claim(&tx).await {
+    match fence.claim(&app.pool).await {
         Ok(Claim::Proceed) => {}
         // The middleware answers for the claim; this must not reach a client.
         Ok(_) => return StatusCode::IM_A_TEAPOT.into_response(),
         Err(err) => return (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
     }
+    let mut client = app.pool.get().await.unwrap();
+    let tx = client.transaction().await.unwrap();
     tx.execute("INSERT INTO effects (n) VALUES ($1)", &[&(n as i64)])
         .await
         .unwrap();
     let created = StoredResponse::new(201, format!("{{\"n\":{n}}}"));
-    fence.commit(tx, &created).await.unwrap();
+    assert_eq!(
+        fence.commit(tx, &created).await.unwrap(),
+        idem_client::Commit::Committed
+    );
     (StatusCode::CREATED, created.body).into_response()
 }
 

@@ -24,6 +24,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "fenced",
         sql: include_str!("../migrations/0002_fenced.sql"),
     },
+    Migration {
+        version: 3,
+        name: "lease",
+        sql: include_str!("../migrations/0003_lease.sql"),
+    },
 ];
 
 /// Migration 1 for the partitioned layout (same columns and checks).

@@ -330,7 +330,7 @@ async fn concurrent_migrations_apply_once(layout: Layout) {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2]);
+    assert_eq!(versions, vec![1, 2, 3]);
     let body_type: String = pg
         .query_one(
             "SELECT data_type FROM information_schema.columns

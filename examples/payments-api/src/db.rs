@@ -32,6 +32,9 @@ pub struct Payment {
     pub created_at: String,
 }
 
+/// Bound on unacknowledged bytes to Postgres (`TCP_USER_TIMEOUT`).
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Bound on opening a connection and on waiting for a free one.
 const POOL_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -40,6 +43,10 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
     let mut config: tokio_postgres::Config =
         database_url.parse().context("invalid DATABASE_URL")?;
     config.connect_timeout(POOL_TIMEOUT);
+    // A statement whose bytes the server stops acknowledging (its host or
+    // the link gone) fails after this instead of waiting for TCP's
+    // retransmissions (about 15 minutes), freeing the pooled connection.
+    config.tcp_user_timeout(TCP_USER_TIMEOUT);
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -56,8 +63,9 @@ pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
         .context("build the Postgres pool")
 }
 
-/// Creates the `payments` table and the writer's `idempotency_keys` (the
-/// fence writes it too) when missing; safe to run concurrently.
+/// Creates the `payments` table, the simulated processor's ledger and the
+/// writer's `idempotency_keys` (the fence writes it too) when missing; safe
+/// to run concurrently.
 pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     let mut client = pool.get().await.context("connect to Postgres")?;
     idem_writer::migrate(&mut client)
@@ -69,6 +77,9 @@ pub async fn migrate(pool: &Pool) -> anyhow::Result<()> {
     tx.batch_execute(CREATE_PAYMENTS)
         .await
         .context("create payments")?;
+    tx.batch_execute(crate::processor::CREATE_CHARGES)
+        .await
+        .context("create processor_charges")?;
     tx.commit().await?;
     Ok(())
 }

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod db;
 pub mod payments;
+pub mod processor;
 
 use std::future::Future;
 use std::time::Duration;
@@ -28,8 +29,8 @@ pub const ACCOUNT_HEADER: HeaderName = HeaderName::from_static("x-account-id");
 #[derive(Clone)]
 pub struct AppState {
     pub db: Pool,
-    /// Simulated payment-processor latency before each new payment (demo).
-    pub processor_delay: Duration,
+    /// The (simulated) payment processor each new payment is charged at.
+    pub processor: processor::Processor,
     /// New payments commit with their idempotency row (the fence) (default: on).
     pub fence: bool,
 }
@@ -37,8 +38,8 @@ pub struct AppState {
 impl AppState {
     pub fn new(db: Pool) -> Self {
         AppState {
+            processor: processor::Processor::new(db.clone(), Duration::ZERO),
             db,
-            processor_delay: Duration::ZERO,
             fence: true,
         }
     }
@@ -48,8 +49,9 @@ impl AppState {
         self
     }
 
+    /// The processor's latency per charge (demo; 0 = none).
     pub fn with_processor_delay(mut self, delay: Duration) -> Self {
-        self.processor_delay = delay;
+        self.processor = processor::Processor::new(self.db.clone(), delay);
         self
     }
 }

@@ -1,6 +1,9 @@
-//! The HTTP handlers: `POST /payments` (validate, insert one row, 201) and
-//! `GET /payments/{id}`. With the fence (the default), the payment row and the
-//! idempotency row commit in one transaction.
+//! The HTTP handlers: `POST /payments` (validate, charge at the processor,
+//! insert one row, 201) and `GET /payments/{id}`. With the fence (the
+//! default) in two phases: a durable claim of the key, the processor's
+//! charge under the fence's downstream key with no Postgres connection
+//! held, then one short transaction that inserts the payment and completes
+//! the key's row, only while this request still holds it.
 
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
@@ -8,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
 use idem_client::middleware::IDEMPOTENT_REPLAYED;
-use idem_client::{Claim, Fence, StoredResponse};
+use idem_client::{Claim, Commit, Fence, StoredResponse};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -78,7 +81,10 @@ pub async fn create_payment(
     }
 }
 
-/// The payment and its idempotency row in one transaction.
+/// Claim, charge, then the payment and its idempotency row in one short
+/// transaction. A failure after the claim leaves it to the middleware to
+/// release (the claim was made through the pool); the retry's charge under
+/// the same downstream key finds the first one.
 async fn create_fenced(
     state: &AppState,
     fence: &Fence,
@@ -86,18 +92,26 @@ async fn create_fenced(
     recipient: &str,
 ) -> Response {
     let result = async {
-        let mut client = state.db.get().await?;
-        let tx = client.transaction().await?;
-        match fence.claim(&tx).await? {
+        match fence.claim(&state.db).await? {
             Claim::Proceed => {}
             other => return Ok(claim_answer(other)),
         }
-        processor(state).await;
+        let downstream_key = fence.downstream_key();
+        state
+            .processor
+            .charge(Some(&downstream_key), request.amount, &request.currency)
+            .await?;
+        let mut client = state.db.get().await?;
+        let tx = client.transaction().await?;
         let payment =
             db::insert_payment_in(&tx, request.amount, &request.currency, recipient).await?;
         let created = created(&payment)?;
-        fence.commit(tx, &created).await?;
-        anyhow::Ok(http(&created))
+        anyhow::Ok(match fence.commit(tx, &created).await? {
+            Commit::Committed => http(&created),
+            // Another holder took the key over meanwhile: nothing was
+            // committed; the middleware answers what the key holds.
+            Commit::Lost(claim) => claim_answer(claim),
+        })
     };
     result.await.unwrap_or_else(|err| {
         tracing::error!(error = %err, "fenced payment");
@@ -106,7 +120,15 @@ async fn create_fenced(
 }
 
 async fn create_unfenced(state: &AppState, request: &NewPayment, recipient: &str) -> Response {
-    processor(state).await;
+    // Without the fence there is no downstream key: every run charges.
+    if let Err(err) = state
+        .processor
+        .charge(None, request.amount, &request.currency)
+        .await
+    {
+        tracing::error!(error = %err, "processor");
+        return internal("the payment could not be charged");
+    }
     let payment =
         match db::insert_payment(&state.db, request.amount, &request.currency, recipient).await {
             Ok(payment) => payment,
@@ -121,13 +143,6 @@ async fn create_unfenced(state: &AppState, request: &NewPayment, recipient: &str
             tracing::error!(error = %err, "encode payment");
             internal("the payment could not be encoded")
         }
-    }
-}
-
-/// Stands in for the call to a payment processor (demo latency).
-async fn processor(state: &AppState) {
-    if !state.processor_delay.is_zero() {
-        tokio::time::sleep(state.processor_delay).await;
     }
 }
 

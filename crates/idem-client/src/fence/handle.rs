@@ -1,5 +1,6 @@
-//! The `Fence` a handler holds, the table layouts it claims on, and the
-//! transactions it works in (tokio-postgres' and deadpool's).
+//! The `Fence` a handler holds, the table layouts it claims on, the
+//! connections its durable claims run on and the transactions it completes
+//! in (tokio-postgres' and deadpool's).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,7 +9,8 @@ use futures_util::future::BoxFuture;
 use tokio_postgres::types::Type;
 use tokio_postgres::Statement;
 
-use super::{sql, Claim, FenceReport};
+use super::sql::{self, ClaimArgs, Guard, Written};
+use super::{Claim, FenceReport, Release};
 use crate::fingerprint::{hex_of, stored_digest, stored_hex};
 use crate::{IdemError, StoredResponse};
 
@@ -33,8 +35,69 @@ pub struct Fence {
     token: i64,
     fingerprint: FingerprintBytes,
     ttl: Duration,
+    lease: Duration,
+    idle_timeout: Option<Duration>,
     layout: TableLayout,
     report: Option<Arc<Mutex<FenceReport>>>,
+}
+
+/// What [`Fence::commit`] (or [`Fence::complete`]) found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Commit {
+    /// The key's row holds the response: committed (by `commit`), or to
+    /// commit with the transaction (by `complete`).
+    Committed,
+    /// This holder lost the key before it committed (its lease lapsed and a
+    /// retry took it over, or the row was released): nothing was committed
+    /// (`commit` rolled back; after `complete`, roll back). Answer what the
+    /// key holds: `Replay` (another holder's response), `InFlight` or
+    /// `Mismatch`.
+    Lost(Claim),
+}
+
+/// What [`Fence::hold`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Hold {
+    /// Still held with this token, the lease renewed; nobody can take the
+    /// key over before the transaction ends.
+    Held,
+    /// Lost, as in [`Commit::Lost`]: roll back and answer this.
+    Lost(Claim),
+}
+
+/// A connection a durable claim ([`Fence::claim`]) or a release runs on,
+/// outside the caller's transactions: a deadpool pool (a connection is
+/// taken for the call only), a pooled connection, or a tokio-postgres client.
+/// Made with `From`: `fence.claim(&pool)`, `fence.claim(&mut client)`.
+pub enum FenceClient<'c> {
+    /// A connection from the pool for the call's length. Behind the
+    /// middleware, a claim through a pool is released by the middleware
+    /// when the handler returns without committing.
+    Pool(&'c deadpool_postgres::Pool),
+    /// A pooled connection (its statement cache keeps the fence's prepared).
+    Pooled(&'c mut deadpool_postgres::Object),
+    /// A tokio-postgres connection.
+    Plain(&'c mut tokio_postgres::Client),
+}
+
+impl<'c> From<&'c deadpool_postgres::Pool> for FenceClient<'c> {
+    fn from(pool: &'c deadpool_postgres::Pool) -> Self {
+        FenceClient::Pool(pool)
+    }
+}
+
+impl<'c> From<&'c mut deadpool_postgres::Object> for FenceClient<'c> {
+    fn from(client: &'c mut deadpool_postgres::Object) -> Self {
+        FenceClient::Pooled(client)
+    }
+}
+
+impl<'c> From<&'c mut tokio_postgres::Client> for FenceClient<'c> {
+    fn from(client: &'c mut tokio_postgres::Client) -> Self {
+        FenceClient::Plain(client)
+    }
 }
 
 /// The request fingerprint as the fence was given it. The row keeps the hex
@@ -71,6 +134,7 @@ impl std::fmt::Debug for Fence {
             .field("key", &self.key)
             .field("token", &self.token)
             .field("ttl", &self.ttl)
+            .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +153,8 @@ pub trait FenceTransaction<'a>: Send + Sync {
     ) -> BoxFuture<'s, Result<Option<Statement>, tokio_postgres::Error>>;
     /// Commits the transaction.
     fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>>;
+    /// Rolls the transaction back.
+    fn rollback(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>>;
 }
 
 impl<'a> FenceTransaction<'a> for tokio_postgres::Transaction<'a> {
@@ -104,6 +170,9 @@ impl<'a> FenceTransaction<'a> for tokio_postgres::Transaction<'a> {
     }
     fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
         Box::pin(tokio_postgres::Transaction::commit(self))
+    }
+    fn rollback(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
+        Box::pin(tokio_postgres::Transaction::rollback(self))
     }
 }
 
@@ -121,12 +190,16 @@ impl<'a> FenceTransaction<'a> for deadpool_postgres::Transaction<'a> {
     fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
         Box::pin(deadpool_postgres::Transaction::commit(self))
     }
+    fn rollback(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
+        Box::pin(deadpool_postgres::Transaction::rollback(self))
+    }
 }
 
 impl Fence {
     /// A fence for `key` held with `token` (from `IDEM.BEGIN`, or any
     /// strictly growing number per key), `fingerprint` being the bytes sent
-    /// to BEGIN (the row keeps their SHA-256, as the module and the writer do).
+    /// to BEGIN (the row keeps their SHA-256, as the module and the writer do),
+    /// with the module's default lease (`idem.lease-ms`, 30 s).
     ///
     /// # Panics
     /// When `token` is 0 or not below 2^63 (the module's are below 2^53).
@@ -140,9 +213,34 @@ impl Fence {
             token,
             fingerprint: FingerprintBytes::new(fingerprint),
             ttl,
+            lease: DEFAULT_LEASE,
+            idle_timeout: Some(DEFAULT_LEASE),
             layout: TableLayout::Unpartitioned,
             report: None,
         }
+    }
+
+    /// The same fence with `lease`: how long a durable claim keeps a retry
+    /// out (409) when Redis no longer does, and the idle timeout the fence
+    /// applies (unless set otherwise with [`Fence::with_idle_timeout`]). The
+    /// middleware's fences come with the layer's lease.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        if self.idle_timeout == Some(self.lease) {
+            self.idle_timeout = Some(lease);
+        }
+        self.lease = lease;
+        self
+    }
+
+    /// How long a transaction the fence works in may stay idle
+    /// (`idle_in_transaction_session_timeout`) or wait for a lock
+    /// (`lock_timeout`), set with `SET LOCAL` semantics by the fence's first
+    /// statement in it [the lease]: a caller whose machine vanished with the
+    /// transaction open holds the key no longer than this (Postgres ends the
+    /// session). `None` leaves the session's settings.
+    pub fn with_idle_timeout(mut self, idle_timeout: Option<Duration>) -> Self {
+        self.idle_timeout = idle_timeout;
+        self
     }
 
     /// The same fence for a table of `layout`; every fenced participant of
@@ -175,6 +273,11 @@ impl Fence {
         self.token.unsigned_abs()
     }
 
+    /// The lease of a durable claim.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
     /// A key for a downstream API's own idempotency mechanism (a payment
     /// processor's `Idempotency-Key`): hex SHA-256 over this key and the
     /// request fingerprint. Every attempt at this request uses the same one,
@@ -190,54 +293,166 @@ impl Fence {
         stored_hex(&framed)
     }
 
-    /// Claims the key inside `tx` (one round trip when the key is free). Only
-    /// on [`Claim::Proceed`] may the transaction go on to its business effect;
-    /// on any other answer, roll it back and answer what the claim says.
-    /// Needs READ COMMITTED (Postgres' default). Under stricter isolation a
-    /// concurrent claim fails with a serialization error instead (the
-    /// unpartitioned layout), or every claim is refused with an error (the
-    /// partitioned layout, where it could otherwise claim a key twice).
-    pub async fn claim<'a, T: FenceTransaction<'a>>(&self, tx: &T) -> Result<Claim, IdemError> {
-        let claim = sql::claim(
-            tx,
-            self.layout,
-            &self.key,
-            &self.fingerprint.stored_hex(),
-            self.token,
-            self.ttl.as_secs_f64(),
-        )
-        .await?;
+    /// Claims the key durably: its `in_progress` row, with this token and a
+    /// lease, commits on its own before this returns (one statement, one
+    /// round trip when the key is free; the partitioned layout's two in a
+    /// short transaction). No connection or transaction is held afterwards:
+    /// call anything outside Postgres now (with [`Fence::downstream_key`]),
+    /// then [`Fence::commit`] the effect in a short transaction. Only on
+    /// [`Claim::Proceed`] may the handler go on; on any other answer, answer
+    /// what the claim says.
+    ///
+    /// While the lease runs, a retry's claim answers `InFlight`, even when
+    /// Redis forgot the key; once it lapsed, a retry of the same request
+    /// takes the key over with its larger token, and this holder's commit
+    /// finds the key lost. Give a claim up with [`Fence::release`] (the
+    /// middleware does it for a claim made through a pool).
+    pub async fn claim<'c>(&self, client: impl Into<FenceClient<'c>>) -> Result<Claim, IdemError> {
+        let args = self.claim_args();
+        let (claim, pool) = match client.into() {
+            FenceClient::Pool(pool) => {
+                let mut client = pool.get().await?;
+                (
+                    sql::claim_durably(&mut client, &args).await?,
+                    Some(pool.clone()),
+                )
+            }
+            FenceClient::Pooled(client) => (sql::claim_durably(client, &args).await?, None),
+            FenceClient::Plain(client) => (sql::claim_durably(client, &args).await?, None),
+        };
         self.set_report(match &claim {
-            Claim::Proceed => FenceReport::Claimed,
+            Claim::Proceed => FenceReport::Claimed(Release { pool }),
             other => FenceReport::Decided(other.clone()),
         });
         Ok(claim)
     }
 
-    /// Writes the completed response into the claimed row, in `tx`; it
-    /// becomes the key's answer when `tx` commits. `Stale` when `tx` holds no
-    /// claim with this token: then roll back.
+    /// Claims the key inside the caller's transaction `tx`: the shape for
+    /// effects only in Postgres, where claim, effect and completion commit
+    /// in one transaction (its rollback undoes the claim). Never keep `tx`
+    /// open across a call outside Postgres: use [`Fence::claim`] then. The
+    /// fence bounds how long `tx` may stay idle ([`Fence::with_idle_timeout`]).
+    /// Needs READ COMMITTED (Postgres' default). Under stricter isolation a
+    /// concurrent claim fails with a serialization error instead (the
+    /// unpartitioned layout), or every claim is refused with an error (the
+    /// partitioned layout, where it could otherwise claim a key twice).
+    pub async fn claim_in<'a, T: FenceTransaction<'a>>(&self, tx: &T) -> Result<Claim, IdemError> {
+        let claim = sql::claim_in(tx, &self.claim_args(), self.guard()).await?;
+        self.set_report(match &claim {
+            Claim::Proceed => FenceReport::Claimed(Release::default()),
+            other => FenceReport::Decided(other.clone()),
+        });
+        Ok(claim)
+    }
+
+    /// Writes the completed response into the key's row in `tx`, if this
+    /// holder still holds it (its `in_progress` row with this token); it
+    /// becomes the key's answer when `tx` commits. From here until `tx` ends
+    /// every claim of the key answers `InFlight`. On [`Commit::Lost`] roll
+    /// back and answer what it says.
     pub async fn complete<'a, T: FenceTransaction<'a>>(
         &self,
         tx: &T,
         response: &StoredResponse,
-    ) -> Result<(), IdemError> {
-        sql::complete(tx, &self.key, self.token, response).await
+    ) -> Result<Commit, IdemError> {
+        let written = sql::complete(
+            tx,
+            &self.key,
+            &self.fingerprint.stored_hex(),
+            self.token,
+            self.guard(),
+            response,
+        )
+        .await?;
+        Ok(match written {
+            Written::Held => Commit::Committed,
+            Written::Lost(claim) => {
+                self.set_report(FenceReport::Decided(claim.clone()));
+                Commit::Lost(claim)
+            }
+        })
     }
 
-    /// [`Fence::complete`], then commits `tx` and tells the middleware, which
-    /// then completes Redis with this response (`MIRRORED`). On an error the
-    /// transaction is rolled back, or its fate is unknown (a failed COMMIT):
-    /// either way the middleware stores nothing, and a retry's claim finds out.
+    /// [`Fence::complete`], then commits `tx` (write the business effect in
+    /// `tx` first) and tells the middleware, which then completes Redis with
+    /// this response (`MIRRORED`). When the key was lost, `tx` is rolled
+    /// back, nothing is committed, and the answer is what the key holds (the
+    /// middleware answers it in place of the handler's response). On an
+    /// error the transaction is rolled back, or its fate is unknown (a failed
+    /// COMMIT): either way the middleware stores nothing, and a retry's claim
+    /// finds out.
     pub async fn commit<'a, T: FenceTransaction<'a>>(
         &self,
         tx: T,
         response: &StoredResponse,
-    ) -> Result<(), IdemError> {
-        self.complete(&tx, response).await?;
+    ) -> Result<Commit, IdemError> {
+        match self.complete(&tx, response).await? {
+            Commit::Committed => {}
+            lost => {
+                tx.rollback().await?;
+                return Ok(lost);
+            }
+        }
         tx.commit().await?;
         self.set_report(FenceReport::Committed(response.clone()));
+        Ok(Commit::Committed)
+    }
+
+    /// For a handler of several phases: confirms in `tx` that this holder
+    /// still holds the key and renews its lease; the key then stays held
+    /// until `tx` ends, so what `tx` writes commits only while the key is
+    /// this holder's. Commit `tx` on [`Hold::Held`]; roll back on `Lost`.
+    pub async fn hold<'a, T: FenceTransaction<'a>>(&self, tx: &T) -> Result<Hold, IdemError> {
+        let written = sql::renew(
+            tx,
+            &self.key,
+            &self.fingerprint.stored_hex(),
+            self.token,
+            self.guard(),
+            self.lease.as_secs_f64(),
+        )
+        .await?;
+        Ok(match written {
+            Written::Held => Hold::Held,
+            Written::Lost(claim) => {
+                self.set_report(FenceReport::Decided(claim.clone()));
+                Hold::Lost(claim)
+            }
+        })
+    }
+
+    /// Gives up a durable claim that will not be committed (the handler
+    /// failed or answered without an effect): deletes its `in_progress` row
+    /// if it still holds this token, so a retry proceeds at once rather than
+    /// after the lease. Whatever the handler called outside Postgres under
+    /// [`Fence::downstream_key`] is found again by the retry's call.
+    pub async fn release<'c>(&self, client: impl Into<FenceClient<'c>>) -> Result<(), IdemError> {
+        match client.into() {
+            FenceClient::Pool(pool) => release_with(pool, &self.key, self.token()).await?,
+            FenceClient::Pooled(client) => sql::release(&*client, &self.key, self.token).await?,
+            FenceClient::Plain(client) => sql::release(&*client, &self.key, self.token).await?,
+        }
+        self.set_report(FenceReport::Claimed(Release::default()));
         Ok(())
+    }
+
+    fn claim_args(&self) -> ClaimArgs<'_> {
+        ClaimArgs {
+            layout: self.layout,
+            key: &self.key,
+            fingerprint_hex: self.fingerprint.stored_hex(),
+            token: self.token,
+            ttl_secs: self.ttl.as_secs_f64(),
+            lease_secs: self.lease.as_secs_f64(),
+        }
+    }
+
+    fn guard(&self) -> Guard {
+        Guard {
+            idle_timeout_ms: self
+                .idle_timeout
+                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        }
     }
 
     fn set_report(&self, report: FenceReport) {
@@ -245,6 +460,22 @@ impl Fence {
             *slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = report;
         }
     }
+}
+
+/// The module's default lease (`idem.lease-ms`).
+const DEFAULT_LEASE: Duration =
+    Duration::from_millis(idem_core::args::Limits::DEFAULT.default_lease_ms);
+
+/// Deletes the durable claim of `key` with `token` through a connection of
+/// `pool`.
+pub(crate) async fn release_with(
+    pool: &deadpool_postgres::Pool,
+    key: &str,
+    token: u64,
+) -> Result<(), IdemError> {
+    let token = i64::try_from(token).map_err(|_| IdemError::BadArg("token too large".into()))?;
+    let client = pool.get().await?;
+    sql::release(&client, key, token).await
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
-//! The Postgres fence: the idempotency row of a key is claimed inside the
-//! handler's own transaction and holds the completed response by commit time,
-//! so the business effect and the authoritative record commit or roll back
-//! together, whatever Redis forgets. See docs/fence.md.
+//! The Postgres fence: a key's idempotency row is claimed durably (a short
+//! statement of its own, with a lease) before the handler calls anything
+//! outside Postgres, and completed in the short transaction that writes the
+//! business effect, only while it is still held with the claim's token; so
+//! the effect and the authoritative record commit or roll back together,
+//! whatever Redis forgets, and no transaction spans a foreign call. See
+//! docs/fence.md.
 //!
 //! Needs the `postgres` feature. With only `middleware`, this module keeps
 //! just [`Claim`] and the report the middleware reads, privately: the
@@ -15,22 +18,26 @@ mod handle;
 mod sql;
 
 #[cfg(feature = "postgres")]
-pub use handle::{Fence, FenceTransaction, TableLayout};
+pub use handle::{Commit, Fence, FenceClient, FenceTransaction, Hold, TableLayout};
 #[cfg(feature = "postgres")]
-pub use sql::{CLAIM_SQL, COMPLETE_SQL, PARTITIONED_CLAIM_SQL, PARTITIONED_GATE_SQL, ROW_SQL};
+pub use sql::{
+    CLAIM_SQL, COMPLETE_SQL, PARTITIONED_CLAIM_SQL, PARTITIONED_GATE_SQL, RELEASE_SQL, RENEW_SQL,
+    ROW_SQL, WRITE_GATE_SQL,
+};
 
 use crate::StoredResponse;
 
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// This transaction holds the key: run the business logic, then
-    /// `complete` (or `commit`) in the same transaction.
+    /// This holder holds the key: run the business logic, then `commit` the
+    /// effect with the key's response.
     Proceed,
     /// The key was completed: answer this response; change nothing.
     Replay(StoredResponse),
-    /// Another holder's transaction is still open, or a newer token holds
-    /// the key: answer 409 and let the client retry. Change nothing.
+    /// Another holder's claim is live (its lease runs, or its statement or
+    /// transaction on the key is open), or a newer token holds the key:
+    /// answer 409 and let the client retry. Change nothing.
     InFlight,
     /// The key is held or completed for another request fingerprint: 422.
     Mismatch,
@@ -38,16 +45,43 @@ pub enum Claim {
 
 /// What the handler did with its fence, as the middleware reads it after the
 /// handler returned.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub(crate) enum FenceReport {
     /// The fence was not used: the middleware's ordinary store policy applies.
     #[default]
     Unused,
     /// Claimed, but not committed through the fence (rolled back, failed, or
-    /// committed by hand): nothing is known to be stored.
-    Claimed,
-    /// The claim found another answer.
+    /// committed by hand): nothing is known to be stored. A durable claim
+    /// made through a pool comes with it, for the middleware to release.
+    Claimed(Release),
+    /// The claim, or a fenced write that found the key lost, found another
+    /// answer.
     Decided(Claim),
     /// The transaction committed with this response in the row.
     Committed(StoredResponse),
+}
+
+/// A durable claim the middleware may give up when the handler returns
+/// without committing: the pool it was made through (none for a claim in
+/// the handler's transaction, which its rollback undoes, or one made on a
+/// connection the handler owns: that one ends with its lease).
+#[derive(Debug, Default)]
+pub(crate) struct Release {
+    #[cfg(feature = "postgres")]
+    pub(crate) pool: Option<deadpool_postgres::Pool>,
+}
+
+impl Release {
+    /// Deletes the claim of `key` with `token`, if this holds a pool; errors
+    /// are logged (the claim then ends with its lease).
+    pub(crate) async fn run(self, key: &str, token: u64) {
+        #[cfg(feature = "postgres")]
+        if let Some(pool) = self.pool {
+            if let Err(err) = handle::release_with(&pool, key, token).await {
+                tracing::warn!(key, error = %err, "could not release the fence's claim; it ends with its lease");
+            }
+        }
+        #[cfg(not(feature = "postgres"))]
+        let _ = (key, token);
+    }
 }

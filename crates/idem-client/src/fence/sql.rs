@@ -1,32 +1,45 @@
 //! The fence's SQL protocol on `idempotency_keys` (the writer's table): the
 //! claim (a non-blocking gate plus a token-guarded upsert of the
-//! `in_progress` row), the look at a row the claim did not take, and the
-//! completion. docs/fence.md describes the same statements for other languages.
+//! `in_progress` row and its lease), the look at a row the claim did not
+//! take, the gate a completion takes, the completion, the lease's renewal
+//! and the release. docs/fence.md describes the same statements for other
+//! languages.
 
+use futures_util::future::BoxFuture;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Row;
+use tokio_postgres::{IsolationLevel, Row};
 
 use super::{Claim, FenceTransaction, TableLayout};
 use crate::read_through::decode_response;
 use crate::{IdemError, StoredResponse};
 
 /// One round trip: take the key's transaction-scoped advisory lock without
-/// waiting (the gate: a transaction of another holder still running means
-/// "in flight", not a wait), then insert the `in_progress` row, or take over
-/// an existing one that has expired or is an uncompleted claim of the same
-/// request, only ever with a larger token. Answers `(gate_free, claimed)`.
+/// waiting (the gate: another holder's statement or transaction on the key
+/// still running means "in flight", not a wait), then insert the
+/// `in_progress` row with its lease, or take over an existing one that has
+/// expired, or is an uncompleted claim of the same request whose lease
+/// lapsed, only ever with a larger token. Answers `(gate_free, claimed)`.
 ///
 /// The gate's lock id is `hashtextextended(key, 1768187245)` (the seed is
 /// "idem" in ASCII): every fenced participant must use the same.
 ///
-/// `$1` key, `$2` fingerprint (hex SHA-256), `$3` token, `$4` ttl in seconds.
+/// `$1` key, `$2` fingerprint (hex SHA-256), `$3` token, `$4` ttl and `$5`
+/// lease in seconds; `$6` and `$7` set `synchronous_commit` and
+/// `idle_in_transaction_session_timeout` for the transaction when not NULL
+/// (a durable claim commits asynchronously; a claim inside the caller's
+/// transaction bounds how long a vanished caller keeps it open).
 pub const CLAIM_SQL: &str = "
 WITH gate AS MATERIALIZED (
-    SELECT pg_try_advisory_xact_lock(hashtextextended($1, 1768187245)) AS free
+    SELECT CASE WHEN $6::text IS NOT NULL
+                THEN set_config('synchronous_commit', $6, true) END,
+           CASE WHEN $7::text IS NOT NULL
+                THEN set_config('idle_in_transaction_session_timeout', $7, true) END,
+           pg_try_advisory_xact_lock(hashtextextended($1, 1768187245)) AS free
 ), claimed AS (
     INSERT INTO idempotency_keys AS t
-        (key, fingerprint, status, token, created_at, expires_at)
-    SELECT $1, $2, 'in_progress', $3, now(), now() + make_interval(secs => $4)
+        (key, fingerprint, status, token, created_at, expires_at, lease_expires_at)
+    SELECT $1, $2, 'in_progress', $3, now(), now() + make_interval(secs => $4),
+           now() + make_interval(secs => $5)
     FROM gate WHERE gate.free
     ON CONFLICT (key) DO UPDATE SET
         fingerprint      = EXCLUDED.fingerprint,
@@ -34,6 +47,7 @@ WITH gate AS MATERIALIZED (
         token            = EXCLUDED.token,
         created_at       = EXCLUDED.created_at,
         expires_at       = EXCLUDED.expires_at,
+        lease_expires_at = EXCLUDED.lease_expires_at,
         response_status  = NULL,
         response_body    = NULL,
         response_headers = '{}',
@@ -41,29 +55,36 @@ WITH gate AS MATERIALIZED (
         fenced           = false
     WHERE t.token < EXCLUDED.token
       AND (t.expires_at <= now()
-           OR (t.status = 'in_progress' AND t.fingerprint = EXCLUDED.fingerprint))
+           OR (t.status = 'in_progress' AND t.fingerprint = EXCLUDED.fingerprint
+               AND coalesce(t.lease_expires_at <= now(), true)))
     RETURNING 1
 )
 SELECT (SELECT free FROM gate), EXISTS (SELECT 1 FROM claimed)
 ";
 
-/// Partitioned layout, first statement: the gate (`$1` key), and the
-/// transaction's isolation. On this layout the key's lock is also what keeps
-/// one row per key (a unique index must include `expires_at`): every writer
-/// of the row holds it, so the claim that follows, a new statement with a
-/// new snapshot, sees the key's only row in whichever partition and nobody
-/// adds another before commit. Only READ COMMITTED gives a statement a new
-/// snapshot: under REPEATABLE READ or SERIALIZABLE the claim would not see
-/// a row committed before the gate came free and would add a second one (a
-/// second payment), so the claim refuses them.
-pub const PARTITIONED_GATE_SQL: &str =
-    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 1768187245)), \
-     current_setting('transaction_isolation')";
+/// Partitioned layout, first statement: the session settings of
+/// [`CLAIM_SQL`] (`$2`, `$3`), the gate (`$1` key), and the transaction's
+/// isolation. On this layout the key's lock is also what keeps one row per
+/// key (a unique index must include `expires_at`): every writer of the row
+/// holds it, so the claim that follows, a new statement with a new snapshot,
+/// sees the key's only row in whichever partition and nobody adds another
+/// before commit. Only READ COMMITTED gives a statement a new snapshot: under
+/// REPEATABLE READ or SERIALIZABLE the claim would not see a row committed
+/// before the gate came free and would add a second one (a second payment),
+/// so the claim refuses them. A durable claim runs both statements in one
+/// short transaction of its own.
+pub const PARTITIONED_GATE_SQL: &str = "
+SELECT pg_try_advisory_xact_lock(hashtextextended($1, 1768187245)),
+       current_setting('transaction_isolation'),
+       CASE WHEN $2::text IS NOT NULL THEN set_config('synchronous_commit', $2, true) END,
+       CASE WHEN $3::text IS NOT NULL
+            THEN set_config('idle_in_transaction_session_timeout', $3, true) END
+";
 
 /// Partitioned layout, second statement (the gate held): takes over the
 /// key's row under the same rule as [`CLAIM_SQL`] (moving it to the partition
 /// of its new expiry), or inserts it when the key has no row. Answers
-/// `claimed`. Parameters as in [`CLAIM_SQL`].
+/// `claimed`. `$1` to `$5` as in [`CLAIM_SQL`].
 pub const PARTITIONED_CLAIM_SQL: &str = "
 WITH existing AS (
     SELECT 1 FROM idempotency_keys WHERE key = $1
@@ -74,34 +95,51 @@ WITH existing AS (
         token            = $3,
         created_at       = now(),
         expires_at       = now() + make_interval(secs => $4),
+        lease_expires_at = now() + make_interval(secs => $5),
         response_status  = NULL,
         response_body    = NULL,
         response_headers = '{}',
         completed_at     = NULL,
         fenced           = false
     WHERE t.key = $1 AND t.token < $3
-      AND (t.expires_at <= now() OR (t.status = 'in_progress' AND t.fingerprint = $2))
+      AND (t.expires_at <= now()
+           OR (t.status = 'in_progress' AND t.fingerprint = $2
+               AND coalesce(t.lease_expires_at <= now(), true)))
     RETURNING 1
 ), added AS (
-    INSERT INTO idempotency_keys (key, fingerprint, status, token, created_at, expires_at)
-    SELECT $1, $2, 'in_progress', $3, now(), now() + make_interval(secs => $4)
+    INSERT INTO idempotency_keys
+        (key, fingerprint, status, token, created_at, expires_at, lease_expires_at)
+    SELECT $1, $2, 'in_progress', $3, now(), now() + make_interval(secs => $4),
+           now() + make_interval(secs => $5)
     WHERE NOT EXISTS (SELECT 1 FROM existing)
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM taken) OR EXISTS (SELECT 1 FROM added)
 ";
 
-/// The row a claim did not take. The claim's `ON CONFLICT DO UPDATE` locked
-/// it even though its `WHERE` was false (partitioned layout: the gate keeps
-/// every other writer off it), so it cannot change before this transaction
-/// ends; a new statement sees its latest committed version.
+/// The row a claim did not take (or a completion did not find), read in a
+/// new statement: its latest committed version.
 pub const ROW_SQL: &str = "
 SELECT fingerprint, status, token, expires_at > now(),
        response_status, response_body, response_headers
 FROM idempotency_keys WHERE key = $1
 ";
 
-/// Stores the response on the row this transaction claimed (token guard),
+/// The first statement of a fenced write in the caller's transaction (the
+/// completion, a lease renewal): bounds how long the transaction may wait
+/// for a lock (`$2`, `lock_timeout`) and stay idle (`$3`,
+/// `idle_in_transaction_session_timeout`), each when not NULL, then takes
+/// the key's gate, waiting (claims hold it for one statement). From here to
+/// commit or rollback every claim of the key answers "in flight" at once,
+/// and a caller that vanished holds it no longer than `$3`.
+pub const WRITE_GATE_SQL: &str = "
+SELECT CASE WHEN $2::text IS NOT NULL THEN set_config('lock_timeout', $2, true) END,
+       CASE WHEN $3::text IS NOT NULL
+            THEN set_config('idle_in_transaction_session_timeout', $3, true) END,
+       pg_advisory_xact_lock(hashtextextended($1, 1768187245))
+";
+
+/// Stores the response on the key's `in_progress` row held with this token,
 /// marked `fenced`: the writer's upsert leaves it as it is while it is
 /// unexpired. `$1` key, `$2` token, `$3` status, `$4` body, `$5` headers
 /// (flat).
@@ -111,6 +149,21 @@ UPDATE idempotency_keys SET
     response_headers = $5, completed_at = now(), fenced = true
 WHERE key = $1 AND token = $2 AND status = 'in_progress'
 RETURNING 1
+";
+
+/// Extends the lease of the key's `in_progress` row held with this token:
+/// `$1` key, `$2` token, `$3` lease in seconds from now.
+pub const RENEW_SQL: &str = "
+UPDATE idempotency_keys SET lease_expires_at = now() + make_interval(secs => $3)
+WHERE key = $1 AND token = $2 AND status = 'in_progress'
+RETURNING 1
+";
+
+/// Gives up a claim that will not complete: deletes the key's `in_progress`
+/// row held with this token (`$1` key, `$2` token), so a retry proceeds at
+/// once instead of after the lease.
+pub const RELEASE_SQL: &str = "
+DELETE FROM idempotency_keys WHERE key = $1 AND token = $2 AND status = 'in_progress'
 ";
 
 /// The existing row, as [`ROW_SQL`] reads it.
@@ -123,10 +176,11 @@ pub(crate) struct ExistingRow {
     pub response: Option<StoredResponse>,
 }
 
-/// The decision on a row the claim did not take (see docs/fence.md).
+/// The decision on a row the claim did not take, or that a completion did
+/// not find held with its token (see docs/fence.md).
 pub(crate) fn decide(row: ExistingRow, fingerprint_hex: &str, token: i64) -> Claim {
     if !row.completed && row.token == token {
-        // Claimed by this very transaction before: claiming is idempotent.
+        // Claimed with this very token before: claiming is idempotent.
         return Claim::Proceed;
     }
     if !row.alive {
@@ -138,14 +192,63 @@ pub(crate) fn decide(row: ExistingRow, fingerprint_hex: &str, token: i64) -> Cla
     }
     match row.response {
         Some(response) if row.completed => Claim::Replay(response),
-        // An uncompleted claim with a larger token: a newer holder.
+        // An uncompleted claim: a newer holder, or one whose lease still runs.
         _ => Claim::InFlight,
     }
 }
 
-const CLAIM_TYPES: &[Type] = &[Type::TEXT, Type::TEXT, Type::INT8, Type::FLOAT8];
-const ROW_TYPES: &[Type] = &[Type::TEXT];
-const GATE_TYPES: &[Type] = &[Type::TEXT];
+/// What a fenced write (completion, renewal) found.
+pub(crate) enum Written {
+    /// The row held with the token was written.
+    Held,
+    /// It is not held with the token: what the key holds instead.
+    Lost(Claim),
+}
+
+/// The settings a fence applies to the transactions it works in, as
+/// `set_config` values (milliseconds; `None` leaves the session's).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Guard {
+    /// `idle_in_transaction_session_timeout` and `lock_timeout`.
+    pub idle_timeout_ms: Option<u64>,
+}
+
+impl Guard {
+    fn idle(&self) -> Option<String> {
+        self.idle_timeout_ms.map(|ms| ms.max(1).to_string())
+    }
+}
+
+/// The claim's inputs.
+pub(crate) struct ClaimArgs<'k> {
+    pub layout: TableLayout,
+    pub key: &'k str,
+    pub fingerprint_hex: String,
+    pub token: i64,
+    pub ttl_secs: f64,
+    pub lease_secs: f64,
+}
+
+const CLAIM_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT8,
+    Type::FLOAT8,
+    Type::FLOAT8,
+    Type::TEXT,
+    Type::TEXT,
+];
+const PARTITIONED_CLAIM_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT8,
+    Type::FLOAT8,
+    Type::FLOAT8,
+];
+const GATE_TYPES: &[Type] = &[Type::TEXT, Type::TEXT, Type::TEXT];
+const KEY_TYPES: &[Type] = &[Type::TEXT];
+const KEY_TOKEN_TYPES: &[Type] = &[Type::TEXT, Type::INT8];
+const RENEW_TYPES: &[Type] = &[Type::TEXT, Type::INT8, Type::FLOAT8];
 const COMPLETE_TYPES: &[Type] = &[
     Type::TEXT,
     Type::INT8,
@@ -154,72 +257,239 @@ const COMPLETE_TYPES: &[Type] = &[
     Type::BYTEA_ARRAY,
 ];
 
-/// Runs `sql` in `tx`: prepared once per connection when `tx` caches
-/// statements, else unprepared (still one round trip).
-async fn query<'a, T: FenceTransaction<'a>>(
-    tx: &T,
+/// Where the fence's statements run: a transaction or a connection, with a
+/// statement cache (deadpool's) or without (one round trip, planned anew).
+pub(crate) trait Exec: Send + Sync {
+    fn query<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [Type],
+        params: &'s [&'s (dyn ToSql + Sync)],
+    ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>>;
+}
+
+/// Runs `sql` on `client`: prepared once per connection through `cache`
+/// when given, else unprepared.
+async fn run(
+    client: &tokio_postgres::Client,
+    cache: Option<&deadpool_postgres::ClientWrapper>,
     sql: &'static str,
     types: &'static [Type],
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Row>, tokio_postgres::Error> {
-    match tx.cached_statement(sql, types).await? {
-        Some(statement) => tx.transaction().query(&statement, params).await,
+    match cache {
+        Some(cache) => {
+            let statement = cache.prepare_typed_cached(sql, types).await?;
+            client.query(&statement, params).await
+        }
         None => {
             let typed: Vec<(&(dyn ToSql + Sync), Type)> =
                 params.iter().copied().zip(types.iter().cloned()).collect();
-            tx.transaction().query_typed(sql, &typed).await
+            client.query_typed(sql, &typed).await
         }
     }
 }
 
-/// Runs the claim in `tx`.
-pub(crate) async fn claim<'a, T: FenceTransaction<'a>>(
-    tx: &T,
-    layout: TableLayout,
-    key: &str,
-    fingerprint_hex: &str,
-    token: i64,
-    ttl_secs: f64,
+impl<'a, T: FenceTransaction<'a>> Exec for T {
+    fn query<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [Type],
+        params: &'s [&'s (dyn ToSql + Sync)],
+    ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>> {
+        Box::pin(async move {
+            match self.cached_statement(sql, types).await? {
+                Some(statement) => self.transaction().query(&statement, params).await,
+                None => {
+                    let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+                        params.iter().copied().zip(types.iter().cloned()).collect();
+                    self.transaction().query_typed(sql, &typed).await
+                }
+            }
+        })
+    }
+}
+
+impl Exec for tokio_postgres::Client {
+    fn query<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [Type],
+        params: &'s [&'s (dyn ToSql + Sync)],
+    ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>> {
+        Box::pin(run(self, None, sql, types, params))
+    }
+}
+
+impl Exec for deadpool_postgres::Object {
+    fn query<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [Type],
+        params: &'s [&'s (dyn ToSql + Sync)],
+    ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>> {
+        let wrapper: &deadpool_postgres::ClientWrapper = self;
+        Box::pin(run(wrapper, Some(wrapper), sql, types, params))
+    }
+}
+
+/// A connection a durable claim or a release runs on, outside the caller's
+/// transactions: its statements commit on their own.
+pub(crate) trait Conn: Exec {
+    type Tx<'t>: FenceTransaction<'t>
+    where
+        Self: 't;
+    /// A transaction of its own (the partitioned claim's two statements), at
+    /// READ COMMITTED whatever the database's default.
+    fn begin(&mut self) -> BoxFuture<'_, Result<Self::Tx<'_>, tokio_postgres::Error>>;
+}
+
+impl Conn for tokio_postgres::Client {
+    type Tx<'t> = tokio_postgres::Transaction<'t>;
+    fn begin(&mut self) -> BoxFuture<'_, Result<Self::Tx<'_>, tokio_postgres::Error>> {
+        Box::pin(
+            self.build_transaction()
+                .isolation_level(IsolationLevel::ReadCommitted)
+                .start(),
+        )
+    }
+}
+
+impl Conn for deadpool_postgres::Object {
+    type Tx<'t> = deadpool_postgres::Transaction<'t>;
+    fn begin(&mut self) -> BoxFuture<'_, Result<Self::Tx<'_>, tokio_postgres::Error>> {
+        Box::pin(
+            deadpool_postgres::ClientWrapper::build_transaction(self)
+                .isolation_level(IsolationLevel::ReadCommitted)
+                .start(),
+        )
+    }
+}
+
+/// A claim in the caller's transaction `tx` (the one-transaction shape):
+/// with the guard's idle timeout on `tx`, its commit as configured.
+pub(crate) async fn claim_in<E: Exec>(
+    tx: &E,
+    args: &ClaimArgs<'_>,
+    guard: Guard,
 ) -> Result<Claim, IdemError> {
-    let params: [&(dyn ToSql + Sync); 4] = [&key, &fingerprint_hex, &token, &ttl_secs];
-    let (free, claimed) = match layout {
-        TableLayout::Unpartitioned => {
-            let rows = query(tx, CLAIM_SQL, CLAIM_TYPES, &params)
-                .await
-                .map_err(claim_error)?;
-            let row = rows
-                .first()
-                .ok_or_else(|| IdemError::Postgres("the claim answered no row".into()))?;
-            (row.try_get::<_, bool>(0)?, row.try_get::<_, bool>(1)?)
-        }
+    let idle = guard.idle();
+    let (free, claimed) = match args.layout {
+        TableLayout::Unpartitioned => claim_statement(tx, args, None, idle.as_deref()).await?,
+        TableLayout::Partitioned => partitioned_claim(tx, args, None, idle.as_deref()).await?,
+    };
+    settle_claim(tx, args, free, claimed).await
+}
+
+/// A durable claim: committed on its own before the call returns (one
+/// statement; the partitioned layout's two in a transaction of their own),
+/// asynchronously (`synchronous_commit = off`): a claim a crash loses only
+/// lets a retry run beside its holder, and the completion's token check keeps
+/// the effect single (docs/fence.md).
+pub(crate) async fn claim_durably<C: Conn>(
+    conn: &mut C,
+    args: &ClaimArgs<'_>,
+) -> Result<Claim, IdemError> {
+    let (free, claimed) = match args.layout {
+        TableLayout::Unpartitioned => claim_statement(&*conn, args, Some("off"), None).await?,
         TableLayout::Partitioned => {
-            let gate = query(tx, PARTITIONED_GATE_SQL, GATE_TYPES, &[&key]).await?;
-            let free: bool = first_column(&gate, "gate")?;
-            let isolation: String = gate[0].try_get(1)?;
-            if isolation != "read committed" {
-                return Err(IdemError::Postgres(format!(
-                    "the partitioned fence needs a READ COMMITTED transaction, not {isolation} \
-                     (on this layout a stricter one could claim a key twice)"
-                )));
-            }
-            if free {
-                let rows = query(tx, PARTITIONED_CLAIM_SQL, CLAIM_TYPES, &params).await?;
-                (true, first_column(&rows, "claim")?)
-            } else {
-                (false, false)
-            }
+            let tx = conn.begin().await?;
+            let decided = partitioned_claim(&tx, args, Some("off"), None).await?;
+            tx.commit().await?;
+            decided
         }
     };
+    settle_claim(&*conn, args, free, claimed).await
+}
+
+/// The unpartitioned claim: `(free, claimed)`.
+async fn claim_statement<E: Exec + ?Sized>(
+    exec: &E,
+    args: &ClaimArgs<'_>,
+    synchronous_commit: Option<&str>,
+    idle: Option<&str>,
+) -> Result<(bool, bool), IdemError> {
+    let params: [&(dyn ToSql + Sync); 7] = [
+        &args.key,
+        &args.fingerprint_hex,
+        &args.token,
+        &args.ttl_secs,
+        &args.lease_secs,
+        &synchronous_commit,
+        &idle,
+    ];
+    let rows = exec
+        .query(CLAIM_SQL, CLAIM_TYPES, &params)
+        .await
+        .map_err(claim_error)?;
+    let row = rows
+        .first()
+        .ok_or_else(|| IdemError::Postgres("the claim answered no row".into()))?;
+    Ok((row.try_get::<_, bool>(0)?, row.try_get::<_, bool>(1)?))
+}
+
+/// The partitioned claim's two statements in `tx`: `(free, claimed)`.
+async fn partitioned_claim<E: Exec + ?Sized>(
+    tx: &E,
+    args: &ClaimArgs<'_>,
+    synchronous_commit: Option<&str>,
+    idle: Option<&str>,
+) -> Result<(bool, bool), IdemError> {
+    let gate = tx
+        .query(
+            PARTITIONED_GATE_SQL,
+            GATE_TYPES,
+            &[&args.key, &synchronous_commit, &idle],
+        )
+        .await?;
+    let free: bool = first_column(&gate, "gate")?;
+    let isolation: String = gate[0].try_get(1)?;
+    if isolation != "read committed" {
+        return Err(IdemError::Postgres(format!(
+            "the partitioned fence needs a READ COMMITTED transaction, not {isolation} \
+             (on this layout a stricter one could claim a key twice)"
+        )));
+    }
+    if !free {
+        return Ok((false, false));
+    }
+    let params: [&(dyn ToSql + Sync); 5] = [
+        &args.key,
+        &args.fingerprint_hex,
+        &args.token,
+        &args.ttl_secs,
+        &args.lease_secs,
+    ];
+    let rows = tx
+        .query(PARTITIONED_CLAIM_SQL, PARTITIONED_CLAIM_TYPES, &params)
+        .await?;
+    Ok((true, first_column(&rows, "claim")?))
+}
+
+/// The claim's answer from `(free, claimed)`, reading the row when needed.
+async fn settle_claim<E: Exec + ?Sized>(
+    exec: &E,
+    args: &ClaimArgs<'_>,
+    free: bool,
+    claimed: bool,
+) -> Result<Claim, IdemError> {
     if claimed {
         return Ok(Claim::Proceed);
     }
     if !free {
         return Ok(Claim::InFlight);
     }
-    let Some(row) = query(tx, ROW_SQL, ROW_TYPES, &[&key]).await?.pop() else {
-        return Err(IdemError::Postgres(format!(
-            "idempotency row for {key:?} vanished while locked"
-        )));
+    Ok(match existing(exec, args.key).await? {
+        Some(row) => decide(row, &args.fingerprint_hex, args.token),
+        // Deleted since (released, or expired and cleaned up): ask again.
+        None => Claim::InFlight,
+    })
+}
+
+/// The key's row as [`ROW_SQL`] reads it, if any.
+async fn existing<E: Exec + ?Sized>(exec: &E, key: &str) -> Result<Option<ExistingRow>, IdemError> {
+    let Some(row) = exec.query(ROW_SQL, KEY_TYPES, &[&key]).await?.pop() else {
+        return Ok(None);
     };
     let completed = row.try_get::<_, String>(1)? == "completed";
     let response = match (completed, row.try_get::<_, Option<i32>>(4)?) {
@@ -231,14 +501,13 @@ pub(crate) async fn claim<'a, T: FenceTransaction<'a>>(
         )?),
         _ => None,
     };
-    let existing = ExistingRow {
+    Ok(Some(ExistingRow {
         fingerprint_hex: row.try_get::<_, String>(0)?.to_ascii_lowercase(),
         completed,
         token: row.try_get(2)?,
         alive: row.try_get(3)?,
         response,
-    };
-    Ok(decide(existing, fingerprint_hex, token))
+    }))
 }
 
 fn first_column(rows: &[Row], what: &str) -> Result<bool, IdemError> {
@@ -260,14 +529,43 @@ fn claim_error(error: tokio_postgres::Error) -> IdemError {
     error.into()
 }
 
-/// Stores `response` on the row `token` claimed in `tx`. `Stale` when this
-/// transaction does not hold an `in_progress` row with `token`.
-pub(crate) async fn complete<'a, T: FenceTransaction<'a>>(
-    tx: &T,
+/// The write gate in `tx` (see [`WRITE_GATE_SQL`]).
+async fn write_gate<E: Exec + ?Sized>(tx: &E, key: &str, guard: Guard) -> Result<(), IdemError> {
+    let idle = guard.idle();
+    tx.query(WRITE_GATE_SQL, GATE_TYPES, &[&key, &idle, &idle])
+        .await?;
+    Ok(())
+}
+
+/// After a fenced write found no row held with `token`: what the key holds.
+async fn lost<E: Exec + ?Sized>(
+    tx: &E,
     key: &str,
+    fingerprint_hex: &str,
     token: i64,
+) -> Result<Written, IdemError> {
+    let claim = match existing(tx, key).await? {
+        Some(row) => match decide(row, fingerprint_hex, token) {
+            // Completed with this very token: an earlier completion of ours.
+            Claim::Proceed => Claim::InFlight,
+            other => other,
+        },
+        None => Claim::InFlight,
+    };
+    Ok(Written::Lost(claim))
+}
+
+/// Stores `response` on the row held with `token`, in `tx` (the gate taken
+/// first); `Lost` with what the key holds when it is not held so.
+pub(crate) async fn complete<E: Exec>(
+    tx: &E,
+    key: &str,
+    fingerprint_hex: &str,
+    token: i64,
+    guard: Guard,
     response: &StoredResponse,
-) -> Result<(), IdemError> {
+) -> Result<Written, IdemError> {
+    write_gate(tx, key, guard).await?;
     let status = i32::from(response.status);
     let body: &[u8] = &response.body;
     let headers: Vec<&[u8]> = response
@@ -275,20 +573,46 @@ pub(crate) async fn complete<'a, T: FenceTransaction<'a>>(
         .iter()
         .flat_map(|(name, value)| [name.as_bytes(), value.as_ref()])
         .collect();
-    let updated = query(
-        tx,
-        COMPLETE_SQL,
-        COMPLETE_TYPES,
-        &[&key, &token, &status, &body, &headers],
-    )
-    .await?;
+    let updated = tx
+        .query(
+            COMPLETE_SQL,
+            COMPLETE_TYPES,
+            &[&key, &token, &status, &body, &headers],
+        )
+        .await?;
     if updated.len() == 1 {
-        Ok(())
+        Ok(Written::Held)
     } else {
-        Err(IdemError::Stale(format!(
-            "no in-progress row for {key:?} with token {token} in this transaction: claim first"
-        )))
+        lost(tx, key, fingerprint_hex, token).await
     }
+}
+
+/// Extends the lease of the row held with `token`, in `tx` (the gate taken
+/// first, so nobody takes the key over before `tx` ends).
+pub(crate) async fn renew<E: Exec>(
+    tx: &E,
+    key: &str,
+    fingerprint_hex: &str,
+    token: i64,
+    guard: Guard,
+    lease_secs: f64,
+) -> Result<Written, IdemError> {
+    write_gate(tx, key, guard).await?;
+    let updated = tx
+        .query(RENEW_SQL, RENEW_TYPES, &[&key, &token, &lease_secs])
+        .await?;
+    if updated.len() == 1 {
+        Ok(Written::Held)
+    } else {
+        lost(tx, key, fingerprint_hex, token).await
+    }
+}
+
+/// Deletes the `in_progress` row held with `token`, if any.
+pub(crate) async fn release<C: Conn>(conn: &C, key: &str, token: i64) -> Result<(), IdemError> {
+    conn.query(RELEASE_SQL, KEY_TOKEN_TYPES, &[&key, &token])
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -320,6 +644,11 @@ mod tests {
         assert_eq!(decide(row("b", true, 5, true), "a", 7), Claim::Mismatch);
         assert_eq!(decide(row("b", false, 9, true), "a", 7), Claim::Mismatch);
         assert_eq!(decide(row("a", false, 9, true), "a", 7), Claim::InFlight);
+        assert_eq!(
+            decide(row("a", false, 5, true), "a", 7),
+            Claim::InFlight,
+            "an older holder whose lease runs"
+        );
         assert_eq!(decide(row("b", true, 9, false), "a", 7), Claim::InFlight);
     }
 }

@@ -84,6 +84,7 @@ impl<C> Config<C> {
         {
             let (fence, report) = Fence::new(key, token, fingerprint.as_bytes(), self.ttl)
                 .with_layout(self.table_layout)
+                .with_lease(self.lease)
                 .reporting();
             extensions.insert(fence);
             report

@@ -234,7 +234,7 @@ where
             return Err(err);
         }
     };
-    if report != FenceReport::Unused {
+    if !matches!(report, FenceReport::Unused) {
         if let Some(answer) = Box::pin(settle_fence(held, report)).await {
             return Ok(answer);
         }
@@ -288,8 +288,15 @@ where
             Some(Problem::Mismatch.into_response())
         }
         // Claimed but not committed through the fence (rolled back, failed,
-        // fate unknown): the effect did not happen or a retry's claim finds it.
-        FenceReport::Decided(Claim::Proceed) | FenceReport::Claimed | FenceReport::Unused => {
+        // fate unknown): the effect did not happen or a retry's claim finds
+        // it. A durable claim is given up first, so the retry Redis lets in
+        // next proceeds at once.
+        FenceReport::Claimed(release) => {
+            release.run(held.key, held.token).await;
+            held.release().await;
+            None
+        }
+        FenceReport::Decided(Claim::Proceed) | FenceReport::Unused => {
             held.release().await;
             None
         }
