@@ -2,9 +2,9 @@
 //! redis-server with the module and real Postgres, driven over HTTP by
 //! well-behaved clients (an original and a retry per key, each retrying on
 //! 409, 503 and connection errors) through the four ways Redis loses a key's
-//! state. With the fence every key ends with exactly one payment and one
-//! payment id in all its 2xx answers; with the fence off (the teeth) the
-//! same runs pay twice.
+//! state. With the fence every key ends with exactly one payment, one charge
+//! at the (simulated) processor and one payment id in all its 2xx answers;
+//! with the fence off (the teeth) the same runs pay and charge twice.
 
 mod common;
 
@@ -34,7 +34,10 @@ enum Scenario {
     /// redis-server (no AOF) is killed and restarted while the originals run.
     RedisRestarts,
     /// Two API instances: the one running the originals is frozen (SIGSTOP)
-    /// past its lease, the retries run on the other, then it wakes.
+    /// inside the processor call, after the fence's first phase committed
+    /// its claim, past its lease; the retries take the key over on the
+    /// other, then it wakes and finds the key lost (its commit commits
+    /// nothing).
     HolderFreezes,
 }
 
@@ -43,6 +46,8 @@ enum Scenario {
 struct Tally {
     /// Keys with more than one payment row.
     doubled: usize,
+    /// Keys charged more than once at the processor.
+    double_charged: usize,
     /// Keys whose 2xx answers carry more than one payment id.
     inconsistent: usize,
     /// Keys with no payment at all.
@@ -82,15 +87,20 @@ async fn check(scenario: Scenario) {
         fenced.failures
     );
     assert_eq!(
-        (fenced.doubled, fenced.inconsistent, fenced.unpaid),
-        (0, 0, 0),
-        "{scenario:?} with the fence: double payments, inconsistent ids, unpaid keys"
+        (
+            fenced.doubled,
+            fenced.double_charged,
+            fenced.inconsistent,
+            fenced.unpaid
+        ),
+        (0, 0, 0, 0),
+        "{scenario:?} with the fence: double payments, double charges, inconsistent ids, unpaid keys"
     );
     let unfenced = run(scenario, false).await;
     println!("{scenario:?} without the fence: {unfenced:?}");
     assert!(
-        unfenced.doubled > 0,
-        "{scenario:?} without the fence should pay twice (teeth): {unfenced:?}"
+        unfenced.doubled > 0 && unfenced.double_charged > 0,
+        "{scenario:?} without the fence should pay and charge twice (teeth): {unfenced:?}"
     );
 }
 
@@ -249,6 +259,14 @@ async fn tally(db: &PgDatabase, answers: Vec<Answer>) -> Tally {
         .await
         .expect("count payments");
     let payments: HashMap<i64, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let double_charged = client
+        .query(
+            "SELECT amount FROM processor_charges GROUP BY amount HAVING count(*) > 1",
+            &[],
+        )
+        .await
+        .expect("count charges")
+        .len();
     let mut ids: HashMap<i64, BTreeSet<i64>> = HashMap::new();
     let mut failures = Vec::new();
     for (key, answer) in answers {
@@ -261,6 +279,7 @@ async fn tally(db: &PgDatabase, answers: Vec<Answer>) -> Tally {
     }
     Tally {
         doubled: payments.values().filter(|n| **n > 1).count(),
+        double_charged,
         inconsistent: ids.values().filter(|set| set.len() > 1).count(),
         unpaid: (0..KEYS).filter(|k| !payments.contains_key(k)).count(),
         failures,
