@@ -11,7 +11,7 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SHIPPED = ("errors.json", "http.json", "read_through.json")
+SHIPPED = ("errors.json", "http.json", "read_through.json", "fence.json")
 
 
 class SpecHook(BuildHookInterface):  # type: ignore[type-arg]

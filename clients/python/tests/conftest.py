@@ -191,3 +191,44 @@ def database_url() -> Iterator[str]:
     finally:
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _database(layout: str) -> Iterator[str]:
+    name = f"idem_py_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = _with_db(ADMIN_URL, name)
+    try:
+        files = sorted((REPO / "crates/idem-writer/migrations").glob("*.sql"))
+        first = "0001_idempotency_keys_partitioned.sql" if layout == "partitioned" else None
+        chosen = [f for f in files if not f.name.startswith("0001_")]
+        chosen.insert(
+            0, REPO / "crates/idem-writer/migrations" / (first or "0001_idempotency_keys.sql")
+        )
+        with psycopg.connect(url, autocommit=True) as conn:
+            for migration in chosen:
+                conn.execute(migration.read_text())  # type: ignore[call-overload]
+            conn.execute(
+                "CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, amount INT)"
+            )
+            if layout == "partitioned":
+                conn.execute(
+                    "CREATE TABLE idempotency_keys_all PARTITION OF idempotency_keys"
+                    " FOR VALUES FROM (MINVALUE) TO ('9999-12-31 00:00:00+00')"
+                )
+        yield url
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def fence_database_url() -> Iterator[str]:
+    """A database with the writer's table and a payments table, dropped at the end."""
+    yield from _database("unpartitioned")
+
+
+@pytest.fixture(scope="session")
+def partitioned_database_url() -> Iterator[str]:
+    """The same on the partitioned layout (one catch-all partition)."""
+    yield from _database("partitioned")

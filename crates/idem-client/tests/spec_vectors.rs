@@ -1039,3 +1039,41 @@ fn read_through_matches_the_rust_lookup() {
         Duration::from_millis(uint(&file.doc["timeout_ms"]))
     );
 }
+
+// ---------------------------------------------------------------- the fence
+
+#[test]
+fn fence_statements_are_the_rust_constants() {
+    use idem_client::fence;
+    let file = SpecFile::open("fence.json");
+    let statements = file.doc["statements"].as_object().expect("statements");
+    let constants = [
+        ("CLAIM_SQL", fence::CLAIM_SQL),
+        ("PARTITIONED_GATE_SQL", fence::PARTITIONED_GATE_SQL),
+        ("PARTITIONED_CLAIM_SQL", fence::PARTITIONED_CLAIM_SQL),
+        ("ROW_SQL", fence::ROW_SQL),
+        ("WRITE_GATE_SQL", fence::WRITE_GATE_SQL),
+        ("COMPLETE_SQL", fence::COMPLETE_SQL),
+        ("RENEW_SQL", fence::RENEW_SQL),
+        ("RELEASE_SQL", fence::RELEASE_SQL),
+    ];
+    assert_eq!(statements.len(), constants.len(), "one entry per constant");
+    let seed = format!("hashtextextended($1, {})", uint(&file.doc["lock_seed"]));
+    for (name, statement) in statements {
+        let rust = text(&statement["rust"]);
+        let (_, constant) = constants
+            .iter()
+            .find(|(n, _)| *n == rust)
+            .unwrap_or_else(|| panic!("{name}: no constant {rust}"));
+        assert_eq!(text(&statement["sql"]), *constant, "{name} ({rust})");
+        let params = statement["params"].as_array().expect("params").len();
+        let highest = (1..=9)
+            .filter(|n| constant.contains(&format!("${n}")))
+            .max()
+            .unwrap_or(0);
+        assert_eq!(params, highest, "{name}: params");
+        if constant.contains("hashtextextended") {
+            assert!(constant.contains(&seed), "{name}: the lock seed");
+        }
+    }
+}

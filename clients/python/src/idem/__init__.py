@@ -6,6 +6,7 @@
   exception class per module error code (``idem.errors``);
 - ``Fingerprinter``: request fingerprints identical to the Rust client's;
 - ``ReadThrough`` / ``AsyncReadThrough``: Postgres read-through;
+- ``Fence`` / ``AsyncFence``: the Postgres fence (``idem.fence``);
 - ``idem.middleware.IdempotencyMiddleware``: the ASGI middleware.
 """
 
@@ -30,6 +31,7 @@ from idem.errors import (
     WritesRefusedError,
     WrongTypeError,
 )
+from idem.fence import AsyncFence, Fence
 from idem.fingerprint import Fingerprint, Fingerprinter, downstream_key, stored_hex
 from idem.keys import InvalidKeyError, parse_key, parse_value, redis_key, tenant_of_lines
 from idem.read_through import AsyncReadThrough, MirroredRecord, ReadThrough
@@ -47,11 +49,13 @@ from idem.types import (
 )
 
 __all__ = [
+    "AsyncFence",
     "AsyncReadThrough",
     "BadArgError",
     "BeginOptions",
     "CompletedError",
     "CorruptError",
+    "Fence",
     "Fingerprint",
     "Fingerprinter",
     "IdemClient",

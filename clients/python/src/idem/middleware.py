@@ -39,6 +39,7 @@ from idem import _spec
 from idem.asyncio import IdemClient
 from idem.canonical_json import canonicalize
 from idem.errors import CompletedError, IdemError, NotFoundError, StaleError
+from idem.fence import AsyncFence, Layout, Proceed, _Report
 from idem.fingerprint import Fingerprint, Fingerprinter
 from idem.keys import InvalidKeyError, parse_key, redis_key, tenant_of_lines
 from idem.read_through import AsyncReadThrough
@@ -79,6 +80,10 @@ class IdempotencyContext:
     """The fencing token of this holder."""
     fingerprint: Fingerprint
     ttl: float
+    fence: AsyncFence
+    """The request's Postgres fence (docs/fence.md): claim through a pool
+    (``await fence.claim(pool)``), then ``commit`` the effect; the middleware
+    settles Redis by what the fence did."""
 
 
 def _seconds(ms_key: str) -> float:
@@ -115,6 +120,7 @@ class IdempotencyMiddleware:
         store_retry: float | None = None,
         fingerprinter: Fingerprinter | None = None,
         max_retry_after: float | None = None,
+        table_layout: Layout = "unpartitioned",
     ) -> None:
         if tenant is not None and tenant_header is not None:
             raise ValueError("give tenant or tenant_header, not both")
@@ -150,6 +156,7 @@ class IdempotencyMiddleware:
         self.max_retry_after = (
             _seconds("max_retry_after_ms") if max_retry_after is None else max_retry_after
         )
+        self.table_layout: Layout = table_layout
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -259,21 +266,43 @@ class IdempotencyMiddleware:
         body: bytes,
     ) -> None:
         held = _Held(self, key, token, fingerprint)
+        fence = AsyncFence(
+            key, token, fingerprint, self.ttl, lease=self.lease, layout=self.table_layout
+        )
+        report = fence._report = _Report()
         inner_scope = dict(scope)
-        inner_scope[SCOPE_KEY] = IdempotencyContext(key, token, fingerprint, self.ttl)
-        response = _Buffered(send, self.max_response_body, on_overflow=held.release)
+        inner_scope[SCOPE_KEY] = IdempotencyContext(key, token, fingerprint, self.ttl, fence)
+
+        async def on_overflow() -> None:
+            if report.kind == "unused":
+                await held.release()
+
+        response = _Buffered(send, self.max_response_body, on_overflow=on_overflow)
         renewal = asyncio.ensure_future(held.keep_lease())
         try:
             await self.app(inner_scope, _replayed(body, receive), response.send)
         except BaseException:
             renewal.cancel()
-            if not response.overflowed:
+            if report.kind != "unused":
+                await held.settle_fence(fence, report)
+            elif not response.overflowed:
                 await held.release()
             raise
         finally:
             renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewal
+        if report.kind != "unused":
+            answer = await held.settle_fence(fence, report)
+            if response.overflowed:
+                return
+            if answer is not None:
+                await answer(send)
+            elif response.complete and response.status is not None:
+                await response.flush()
+            else:
+                await _problem(send, "internal")
+            return
         if response.overflowed:
             log.warning("%s: response larger than max_response_body: sent, not stored", key)
             return
@@ -387,6 +416,65 @@ class _Held:
             now = time.monotonic()
             next_at = next_at + every if next_at + every > now else now + every
 
+    async def settle_fence(self, fence: AsyncFence, report: _Report) -> Override | None:
+        """Settles a key whose handler used the fence; an answer when the
+        client gets the fence's instead of the handler's response."""
+        if report.kind == "committed":
+            assert report.committed is not None
+            await self._store_committed(report.committed)
+            return None
+        claim = report.claim
+        if report.kind == "decided" and claim is not None and not isinstance(claim, Proceed):
+            if isinstance(claim, Replay):
+                await self._refill(claim.response)
+                return lambda send: _replay(send, claim.response)
+            await self.release()
+            if isinstance(claim, InFlight):
+                capped = min(claim.retry_after, self.mw.max_retry_after)
+                return lambda send: _in_flight(send, capped)
+            return lambda send: _problem(send, "mismatch")
+        # Claimed but not committed through the fence: nothing happened, or a
+        # retry's claim finds out. A durable claim is given up first, so the
+        # retry Redis lets in next proceeds at once.
+        if report.kind == "claimed" and report.pool is not None:
+            try:
+                await fence.release(report.pool)
+            except IdemError as err:
+                log.warning(
+                    "%s: could not release the fence's claim; it ends with its lease: %s",
+                    self.key,
+                    err,
+                )
+        await self.release()
+        return None
+
+    async def _store_committed(self, stored: StoredResponse) -> None:
+        """The fence committed ``stored``: put it into Redis (``MIRRORED``)."""
+        give_up = time.monotonic() + _seconds("store_at_once_ms")
+        try:
+            await self._complete(self.token, stored, give_up, origin=Origin.MIRROR)
+        except (StaleError, NotFoundError) as err:
+            log.warning(
+                "%s: the fenced response is committed in Postgres; Redis lost or passed "
+                "on the key: %s",
+                self.key,
+                err,
+            )
+        except IdemError as err:
+            log.error(
+                "%s: the fenced response is committed in Postgres but could not be put "
+                "into Redis: %s",
+                self.key,
+                err,
+            )
+
+    async def _refill(self, stored: StoredResponse) -> None:
+        try:
+            await self.mw.client.complete(self.key, self.token, stored, origin=Origin.MIRROR)
+        except IdemError as err:
+            log.warning("%s: could not refill redis from the fence's row: %s", self.key, err)
+            await self.release()
+
     async def release(self) -> None:
         """ABORT; a failure leaves the key to lapse with its lease."""
         try:
@@ -430,14 +518,19 @@ class _Held:
         return None
 
     async def _complete(
-        self, token: int, stored: StoredResponse, give_up: float, uncertain: bool = False
+        self,
+        token: int,
+        stored: StoredResponse,
+        give_up: float,
+        uncertain: bool = False,
+        origin: Origin = Origin.HANDLER,
     ) -> None:
         """COMPLETE, retried while Redis is unavailable until ``give_up``;
         after an attempt whose fate is unknown, ``COMPLETED`` is its own write."""
         pause = _seconds("store_pause_first_ms")
         while True:
             try:
-                await self.mw.client.complete(self.key, token, stored, origin=Origin.HANDLER)
+                await self.mw.client.complete(self.key, token, stored, origin=origin)
                 return
             except CompletedError:
                 if uncertain:

@@ -1,0 +1,477 @@
+"""The Postgres fence (docs/fence.md; the Rust ``idem_client::Fence``): a
+key's idempotency row is claimed durably (a short statement of its own,
+with a lease) before the handler calls anything outside Postgres, and
+completed in the short transaction that writes the business effect, only
+while it is still held with the claim's token. The effect and the
+authoritative record commit or roll back together whatever Redis forgets,
+and no transaction spans a foreign call.
+
+The statements are the Rust crate's, read from spec/fence.json (the Rust
+tests assert that file equals its constants) and run as written, with
+Postgres' own ``$n`` parameters.
+
+``Fence`` works on psycopg connections and ``ConnectionPool``\\s;
+``AsyncFence`` is its asyncio twin.
+
+Claims answer ``Proceed()``, ``Replay(response)``, ``InFlight(...)`` or
+``Mismatch()``; ``complete``/``commit`` answer ``Committed()`` or
+``Lost(claim)``; ``hold`` answers ``Held()`` or ``Lost(claim)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import psycopg
+import psycopg_pool
+from psycopg import pq
+
+from idem import _spec
+from idem.errors import PostgresError
+from idem.fingerprint import stored_hex
+from idem.read_through import decode_row
+from idem.types import InFlight, Mismatch, Replay, StoredResponse
+from idem.wire import Duration
+
+_FENCE = _spec.load("fence.json")
+_SQL: dict[str, str] = {name: s["sql"] for name, s in _FENCE["statements"].items()}
+DEFAULT_LEASE = float(_spec.http()["defaults"]["lease_ms"]) / 1000
+FENCE_RETRY_AFTER_MS = int(_spec.http()["defaults"]["fence_retry_after_ms"])
+
+Layout = Literal["unpartitioned", "partitioned"]
+
+
+@dataclass(frozen=True, slots=True)
+class Proceed:
+    """This holder holds the key: run the business logic, then ``commit``."""
+
+
+Claim: TypeAlias = Proceed | Replay | InFlight | Mismatch
+"""What a claim found. ``InFlight`` carries the fence's Retry-After (1 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """The key's row holds the response (committed by ``commit``; by
+    ``complete``, to commit with the transaction)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """``hold``: still held with this token, the lease renewed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """This holder lost the key (its lease lapsed and a retry took it over,
+    or the row was released): nothing may be committed; answer ``claim``."""
+
+    claim: Replay | InFlight | Mismatch
+
+
+def _in_flight() -> InFlight:
+    return InFlight(FENCE_RETRY_AFTER_MS)
+
+
+# ---------------------------------------------------------------- the report
+
+
+class _Report:
+    """What the handler did with its fence, as the middleware reads it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.kind: Literal["unused", "claimed", "decided", "committed"] = "unused"
+        self.claim: Claim | None = None
+        self.committed: StoredResponse | None = None
+        self.pool: Any = None
+
+    def set(
+        self,
+        kind: Literal["unused", "claimed", "decided", "committed"],
+        *,
+        claim: Claim | None = None,
+        committed: StoredResponse | None = None,
+        pool: Any = None,
+    ) -> None:
+        with self._lock:
+            self.kind, self.claim, self.committed, self.pool = kind, claim, committed, pool
+
+
+# ---------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    fingerprint_hex: str
+    completed: bool
+    token: int
+    alive: bool
+    response: StoredResponse | None
+
+
+def _row(key: str, row: tuple[Any, ...] | None) -> _Row | None:
+    if row is None:
+        return None
+    fingerprint, status, token, alive, response_status, body, headers = row
+    completed = status == "completed"
+    response = None
+    if completed and response_status is not None:
+        response = decode_row(key, (fingerprint, response_status, body, headers)).response
+    return _Row(str(fingerprint).lower(), completed, int(token), bool(alive), response)
+
+
+def decide(row: _Row | None, fingerprint_hex: str, token: int) -> Claim:
+    """The decision on a row a claim did not take (docs/fence.md)."""
+    if row is None:
+        return _in_flight()  # deleted since (released, or cleaned up): ask again
+    if not row.completed and row.token == token:
+        return Proceed()  # claimed with this very token before
+    if not row.alive:
+        return _in_flight()  # expired, but a larger token has it
+    if row.fingerprint_hex != fingerprint_hex:
+        return Mismatch()
+    if row.completed and row.response is not None:
+        return Replay(row.response)
+    return _in_flight()
+
+
+def _lost(row: _Row | None, fingerprint_hex: str, token: int) -> Lost:
+    claim = decide(row, fingerprint_hex, token)
+    return Lost(_in_flight() if isinstance(claim, Proceed) else claim)
+
+
+def _ms(seconds: float | None) -> str | None:
+    return None if seconds is None else str(max(1, round(seconds * 1000)))
+
+
+def _seconds(d: Duration) -> float:
+    return d if isinstance(d, float | int) else d.total_seconds()
+
+
+def _flat(response: StoredResponse) -> list[bytes]:
+    return [x for name, value in response.headers for x in (name.encode(), value)]
+
+
+_PARTITIONED_ISOLATION = "read committed"
+
+
+class _Base:
+    """What both twins share: the fence's identity and settings."""
+
+    def __init__(
+        self,
+        key: str,
+        token: int,
+        fingerprint: bytes,
+        ttl: Duration,
+        *,
+        lease: Duration = DEFAULT_LEASE,
+        idle_timeout: Duration | Literal["lease"] | None = "lease",
+        layout: Layout = "unpartitioned",
+    ) -> None:
+        if not 0 < token < 1 << 63:
+            raise ValueError("a fencing token is positive and below 2^63")
+        self.key = key
+        self.token = token
+        self.fingerprint_hex = stored_hex(bytes(fingerprint))
+        self.ttl = _seconds(ttl)
+        self.lease = _seconds(lease)
+        self.idle_timeout = (
+            self.lease if idle_timeout == "lease" else None if idle_timeout is None
+            else _seconds(idle_timeout)
+        )  # fmt: skip
+        self.layout = layout
+        self._report: _Report | None = None
+
+    def downstream_key(self) -> str:
+        """A key for a downstream API's own idempotency (a processor's
+        ``Idempotency-Key``): the same for every attempt at this request."""
+        return downstream_key_of(self.key, self.fingerprint_hex)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(key={self.key!r}, token={self.token}, ttl={self.ttl}, "
+            f"lease={self.lease}, layout={self.layout!r})"
+        )
+
+    def _claim_params(self, synchronous_commit: str | None, idle: str | None) -> list[Any]:
+        return [
+            self.key, self.fingerprint_hex, self.token, self.ttl, self.lease,
+            synchronous_commit, idle,
+        ]  # fmt: skip
+
+    def _set(self, kind: Literal["unused", "claimed", "decided", "committed"], **kw: Any) -> None:
+        if self._report is not None:
+            self._report.set(kind, **kw)
+
+    def _after_claim(self, claim: Claim, pool: Any = None) -> Claim:
+        if isinstance(claim, Proceed):
+            self._set("claimed", pool=pool)
+        else:
+            self._set("decided", claim=claim)
+        return claim
+
+
+def downstream_key_of(key: str, fingerprint_hex: str) -> str:
+    """``idem.downstream_key`` from the fingerprint's stored hex."""
+    raw = key.encode()
+    framed = len(raw).to_bytes(8, "big") + raw + fingerprint_hex.encode()
+    return hashlib.sha256(framed).hexdigest()
+
+
+class Fence(_Base):
+    """The fence of one request over psycopg (sync)."""
+
+    def _raw(self, conn: psycopg.Connection[Any], name: str, params: list[Any]) -> Any:
+        cursor = psycopg.RawCursor(conn)
+        cursor.execute(_SQL[name], params)
+        return cursor
+
+    def _settle(self, conn: psycopg.Connection[Any], free: bool, claimed: bool) -> Claim:
+        if claimed:
+            return Proceed()
+        if not free:
+            return _in_flight()
+        row = self._raw(conn, "row", [self.key]).fetchone()
+        return decide(_row(self.key, row), self.fingerprint_hex, self.token)
+
+    def _claim_on(self, conn: psycopg.Connection[Any], sync: str | None, idle: str | None) -> Claim:
+        if self.layout == "unpartitioned":
+            free, claimed = self._raw(conn, "claim", self._claim_params(sync, idle)).fetchone()
+            return self._settle(conn, free, claimed)
+        free, isolation, *_ = self._raw(conn, "partitioned_gate", [self.key, sync, idle]).fetchone()
+        if isolation != _PARTITIONED_ISOLATION:
+            raise PostgresError(
+                f"the partitioned fence needs a READ COMMITTED transaction, not {isolation}"
+            )
+        if not free:
+            return _in_flight()
+        (claimed,) = self._raw(
+            conn, "partitioned_claim", self._claim_params(sync, idle)[:5]
+        ).fetchone()
+        return self._settle(conn, True, claimed)
+
+    def claim(self, source: psycopg_pool.ConnectionPool[Any] | psycopg.Connection[Any]) -> Claim:
+        """Claims the key durably: the ``in_progress`` row, with this token
+        and a lease, commits on its own before this returns. Call anything
+        outside Postgres now (with ``downstream_key``), then ``commit`` the
+        effect in a short transaction."""
+        pool = source if isinstance(source, psycopg_pool.ConnectionPool) else None
+        try:
+            if pool is not None:
+                with pool.connection() as conn:
+                    claim = self._durably(conn)
+            else:
+                assert isinstance(source, psycopg.Connection)
+                claim = self._durably(source)
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        return self._after_claim(claim, pool)
+
+    def _durably(self, conn: psycopg.Connection[Any]) -> Claim:
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            raise PostgresError("a durable claim needs a connection outside any transaction")
+        if conn.autocommit and self.layout == "unpartitioned":
+            return self._claim_on(conn, "off", None)  # one statement, committed on its own
+        with conn.transaction():
+            return self._claim_on(conn, "off", None)
+
+    def claim_in(self, conn: psycopg.Connection[Any]) -> Claim:
+        """Claims the key inside the caller's open transaction on ``conn``
+        (effects only in Postgres: claim, effect and completion commit
+        together; its rollback undoes the claim)."""
+        try:
+            claim = self._claim_on(conn, None, _ms(self.idle_timeout))
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        return self._after_claim(claim)
+
+    def _write(self, conn: psycopg.Connection[Any], name: str, params: list[Any]) -> Held | Lost:
+        idle = _ms(self.idle_timeout)
+        self._raw(conn, "write_gate", [self.key, idle, idle])
+        if self._raw(conn, name, params).fetchone() is not None:
+            return Held()
+        row = self._raw(conn, "row", [self.key]).fetchone()
+        lost = _lost(_row(self.key, row), self.fingerprint_hex, self.token)
+        self._set("decided", claim=lost.claim)
+        return lost
+
+    def complete(self, conn: psycopg.Connection[Any], response: StoredResponse) -> Committed | Lost:
+        """Writes the response into the key's row in the caller's open
+        transaction, if this holder still holds it; on ``Lost`` roll back."""
+        params = [self.key, self.token, response.status, response.body, _flat(response)]
+        try:
+            written = self._write(conn, "complete", params)
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        return Committed() if isinstance(written, Held) else written
+
+    def commit(self, conn: psycopg.Connection[Any], response: StoredResponse) -> Committed | Lost:
+        """``complete``, then commits the connection's transaction (write the
+        effect in it first) and tells the middleware; on ``Lost`` rolls back.
+        ``conn`` must not be inside a ``with conn.transaction()`` block."""
+        try:
+            result = self.complete(conn, response)
+            if isinstance(result, Lost):
+                conn.rollback()
+                return result
+            conn.commit()
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        self._set("committed", committed=response)
+        return result
+
+    def hold(self, conn: psycopg.Connection[Any]) -> Held | Lost:
+        """Confirms in the caller's transaction that the key is still this
+        holder's and renews its lease; it stays held until the transaction ends."""
+        try:
+            return self._write(conn, "renew", [self.key, self.token, self.lease])
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+
+    def release(self, source: psycopg_pool.ConnectionPool[Any] | psycopg.Connection[Any]) -> None:
+        """Gives up a durable claim that will not be committed."""
+        try:
+            if isinstance(source, psycopg_pool.ConnectionPool):
+                with source.connection() as conn, conn.transaction():
+                    self._raw(conn, "release", [self.key, self.token])
+            else:
+                with source.transaction():
+                    self._raw(source, "release", [self.key, self.token])
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        self._set("claimed")
+
+
+class AsyncFence(_Base):
+    """The asyncio twin of ``Fence`` (psycopg ``AsyncConnection`` and
+    ``AsyncConnectionPool``). The middleware hands one to every request it
+    runs (``scope["idem"].fence``)."""
+
+    async def _raw(self, conn: psycopg.AsyncConnection[Any], name: str, params: list[Any]) -> Any:
+        cursor = psycopg.AsyncRawCursor(conn)
+        await cursor.execute(_SQL[name], params)
+        return cursor
+
+    async def _settle(self, conn: psycopg.AsyncConnection[Any], free: bool, claimed: bool) -> Claim:
+        if claimed:
+            return Proceed()
+        if not free:
+            return _in_flight()
+        row = await (await self._raw(conn, "row", [self.key])).fetchone()
+        return decide(_row(self.key, row), self.fingerprint_hex, self.token)
+
+    async def _claim_on(
+        self, conn: psycopg.AsyncConnection[Any], sync: str | None, idle: str | None
+    ) -> Claim:
+        if self.layout == "unpartitioned":
+            cursor = await self._raw(conn, "claim", self._claim_params(sync, idle))
+            free, claimed = await cursor.fetchone()
+            return await self._settle(conn, free, claimed)
+        gate = await self._raw(conn, "partitioned_gate", [self.key, sync, idle])
+        free, isolation, *_ = await gate.fetchone()
+        if isolation != _PARTITIONED_ISOLATION:
+            raise PostgresError(
+                f"the partitioned fence needs a READ COMMITTED transaction, not {isolation}"
+            )
+        if not free:
+            return _in_flight()
+        cursor = await self._raw(conn, "partitioned_claim", self._claim_params(sync, idle)[:5])
+        (claimed,) = await cursor.fetchone()
+        return await self._settle(conn, True, claimed)
+
+    async def claim(
+        self, source: psycopg_pool.AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any]
+    ) -> Claim:
+        """See ``Fence.claim``."""
+        pool = source if isinstance(source, psycopg_pool.AsyncConnectionPool) else None
+        try:
+            if pool is not None:
+                async with pool.connection() as conn:
+                    claim = await self._durably(conn)
+            else:
+                assert isinstance(source, psycopg.AsyncConnection)
+                claim = await self._durably(source)
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        return self._after_claim(claim, pool)
+
+    async def _durably(self, conn: psycopg.AsyncConnection[Any]) -> Claim:
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            raise PostgresError("a durable claim needs a connection outside any transaction")
+        if conn.autocommit and self.layout == "unpartitioned":
+            return await self._claim_on(conn, "off", None)
+        async with conn.transaction():
+            return await self._claim_on(conn, "off", None)
+
+    async def claim_in(self, conn: psycopg.AsyncConnection[Any]) -> Claim:
+        """See ``Fence.claim_in``."""
+        try:
+            claim = await self._claim_on(conn, None, _ms(self.idle_timeout))
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        return self._after_claim(claim)
+
+    async def _write(
+        self, conn: psycopg.AsyncConnection[Any], name: str, params: list[Any]
+    ) -> Held | Lost:
+        idle = _ms(self.idle_timeout)
+        await self._raw(conn, "write_gate", [self.key, idle, idle])
+        if await (await self._raw(conn, name, params)).fetchone() is not None:
+            return Held()
+        row = await (await self._raw(conn, "row", [self.key])).fetchone()
+        lost = _lost(_row(self.key, row), self.fingerprint_hex, self.token)
+        self._set("decided", claim=lost.claim)
+        return lost
+
+    async def complete(
+        self, conn: psycopg.AsyncConnection[Any], response: StoredResponse
+    ) -> Committed | Lost:
+        """See ``Fence.complete``."""
+        params = [self.key, self.token, response.status, response.body, _flat(response)]
+        try:
+            written = await self._write(conn, "complete", params)
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        return Committed() if isinstance(written, Held) else written
+
+    async def commit(
+        self, conn: psycopg.AsyncConnection[Any], response: StoredResponse
+    ) -> Committed | Lost:
+        """See ``Fence.commit``."""
+        try:
+            result = await self.complete(conn, response)
+            if isinstance(result, Lost):
+                await conn.rollback()
+                return result
+            await conn.commit()
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        self._set("committed", committed=response)
+        return result
+
+    async def hold(self, conn: psycopg.AsyncConnection[Any]) -> Held | Lost:
+        """See ``Fence.hold``."""
+        try:
+            return await self._write(conn, "renew", [self.key, self.token, self.lease])
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+
+    async def release(
+        self, source: psycopg_pool.AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any]
+    ) -> None:
+        """See ``Fence.release``."""
+        try:
+            if isinstance(source, psycopg_pool.AsyncConnectionPool):
+                async with source.connection() as conn, conn.transaction():
+                    await self._raw(conn, "release", [self.key, self.token])
+            else:
+                async with source.transaction():
+                    await self._raw(source, "release", [self.key, self.token])
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        self._set("claimed")

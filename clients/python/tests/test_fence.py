@@ -1,0 +1,223 @@
+"""The Postgres fence (sync and asyncio) on the writer's table: durable
+claims with a lease, completion only while held, takeover after the lease,
+release, the one-transaction shape, concurrency, both table layouts."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+import idem
+from idem.fence import AsyncFence, Committed, Fence, Held, Lost, Proceed
+from idem.types import InFlight, Mismatch, Replay, StoredResponse
+
+CREATED = StoredResponse(201, b'{"id":1}', (("content-type", b"application/json"),))
+_tokens = iter(range(1_000_000, 10**9))
+
+
+def token() -> int:
+    return next(_tokens)
+
+
+def new_key() -> str:
+    return f"idem:{{t:{uuid.uuid4().hex}}}"
+
+
+@pytest.fixture
+def pool(fence_database_url: str) -> Iterator[ConnectionPool]:
+    with ConnectionPool(fence_database_url, min_size=1, max_size=4, open=True) as p:
+        yield p
+
+
+def pay(conn: psycopg.Connection[Any], key: str, amount: int = 10) -> None:
+    conn.execute("INSERT INTO payments (key, amount) VALUES (%s, %s)", (key, amount))
+
+
+def payments(url: str, key: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM payments WHERE key = %s", (key,)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def test_claim_commit_replay(pool: ConnectionPool, fence_database_url: str) -> None:
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60, lease=30)
+    assert fence.claim(pool) == Proceed()
+    # While the lease runs, another holder (a retry Redis let in) waits.
+    assert Fence(k, token(), b"fp", 60).claim(pool) == InFlight(1000)
+    assert Fence(k, token(), b"other", 60).claim(pool) == Mismatch()
+    with pool.connection() as conn:
+        pay(conn, k)
+        assert fence.commit(conn, CREATED) == Committed()
+    assert payments(fence_database_url, k) == 1
+    assert Fence(k, token(), b"fp", 60).claim(pool) == Replay(CREATED)
+    assert Fence(k, token(), b"other", 60).claim(pool) == Mismatch()
+    # Claiming again with the holder's own token is idempotent until completed.
+    again = new_key()
+    same = Fence(again, token(), b"fp", 60)
+    assert same.claim(pool) == Proceed()
+    assert same.claim(pool) == Proceed()
+
+
+def test_a_lapsed_lease_is_taken_over_and_the_old_holder_commits_nothing(
+    pool: ConnectionPool, fence_database_url: str
+) -> None:
+    k = new_key()
+    slow = Fence(k, token(), b"fp", 60, lease=0.2)
+    assert slow.claim(pool) == Proceed()
+    time.sleep(0.3)
+    retry = Fence(k, token(), b"fp", 60, lease=30)
+    assert retry.claim(pool) == Proceed()
+    with pool.connection() as conn:
+        pay(conn, k)
+        lost = slow.commit(conn, CREATED)
+    assert isinstance(lost, Lost) and lost.claim == InFlight(1000)
+    assert payments(fence_database_url, k) == 0, "the stale holder's effect rolled back"
+    with pool.connection() as conn:
+        pay(conn, k)
+        assert retry.commit(conn, StoredResponse(201, b"retry")) == Committed()
+    assert payments(fence_database_url, k) == 1
+    # The stale holder now finds the retry's answer.
+    with pool.connection() as conn:
+        late = slow.commit(conn, CREATED)
+    assert late == Lost(Replay(StoredResponse(201, b"retry")))
+
+
+def test_release_lets_the_next_claim_proceed_at_once(pool: ConnectionPool) -> None:
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60, lease=30)
+    assert fence.claim(pool) == Proceed()
+    fence.release(pool)
+    assert Fence(k, token(), b"fp", 60).claim(pool) == Proceed()
+
+
+def test_hold_renews_the_lease(pool: ConnectionPool) -> None:
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60, lease=0.3)
+    assert fence.claim(pool) == Proceed()
+    time.sleep(0.2)
+    with pool.connection() as conn:
+        assert fence.hold(conn) == Held()
+    time.sleep(0.2)  # past the first lease, within the renewed one
+    assert Fence(k, token(), b"fp", 60).claim(pool) == InFlight(1000)
+
+
+def test_the_one_transaction_shape(pool: ConnectionPool, fence_database_url: str) -> None:
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60)
+    with pool.connection() as conn:
+        assert fence.claim_in(conn) == Proceed()
+        pay(conn, k)
+        conn.rollback()
+    # The rollback took the claim with it.
+    second = Fence(k, token(), b"fp", 60)
+    with pool.connection() as conn:
+        assert second.claim_in(conn) == Proceed()
+        # An open holder's transaction makes others InFlight at once.
+        assert Fence(k, token(), b"fp", 60).claim(pool) == InFlight(1000)
+        pay(conn, k)
+        assert second.commit(conn, CREATED) == Committed()
+    assert payments(fence_database_url, k) == 1
+    assert Fence(k, token(), b"fp", 60).claim(pool) == Replay(CREATED)
+
+
+def test_concurrent_holders_commit_one_effect(
+    pool: ConnectionPool, fence_database_url: str
+) -> None:
+    k = new_key()
+    answers: list[Any] = []
+    lock = threading.Lock()
+
+    def attempt() -> None:
+        fence = Fence(k, token(), b"fp", 60, lease=30)
+        claim = fence.claim(pool)
+        if claim == Proceed():
+            with pool.connection() as conn:
+                pay(conn, k)
+                claim = fence.commit(conn, CREATED)
+        with lock:
+            answers.append(claim)
+
+    threads = [threading.Thread(target=attempt) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert payments(fence_database_url, k) == 1
+    assert answers.count(Committed()) == 1
+    assert all(a in (Committed(), InFlight(1000), Replay(CREATED)) for a in answers)
+
+
+def test_the_downstream_key_follows_the_request() -> None:
+    first = Fence("idem:{a:k}", 10, b"fp", 60)
+    assert first.downstream_key() == Fence("idem:{a:k}", 20, b"fp", 60).downstream_key()
+    assert first.downstream_key() == idem.downstream_key("idem:{a:k}", b"fp")
+    assert first.downstream_key() != Fence("idem:{a:k}", 30, b"x", 60).downstream_key()
+    with pytest.raises(ValueError, match="positive"):
+        Fence("k", 0, b"fp", 60)
+
+
+def test_the_partitioned_layout(partitioned_database_url: str) -> None:
+    with ConnectionPool(partitioned_database_url, min_size=1, max_size=2, open=True) as pool:
+        k = new_key()
+        fence = Fence(k, token(), b"fp", 60, layout="partitioned")
+        assert fence.claim(pool) == Proceed()
+        assert Fence(k, token(), b"fp", 60, layout="partitioned").claim(pool) == InFlight(1000)
+        with pool.connection() as conn:
+            pay(conn, k)
+            assert fence.commit(conn, CREATED) == Committed()
+        assert Fence(k, token(), b"fp", 60, layout="partitioned").claim(pool) == Replay(CREATED)
+        # A stricter transaction could claim a key twice there: refused.
+        with pool.connection() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            with pytest.raises(idem.PostgresError, match="READ COMMITTED"):
+                Fence(new_key(), token(), b"fp", 60, layout="partitioned").claim_in(conn)
+            conn.rollback()
+        # The default layout's claim fails on a partitioned table.
+        with pytest.raises(idem.PostgresError):
+            Fence(new_key(), token(), b"fp", 60).claim(pool)
+
+
+async def test_async_fence(fence_database_url: str) -> None:
+    async with AsyncConnectionPool(fence_database_url, min_size=1, max_size=2, open=False) as p:
+        k = new_key()
+        fence = AsyncFence(k, token(), b"fp", 60, lease=0.3)
+        assert await fence.claim(p) == Proceed()
+        assert await AsyncFence(k, token(), b"fp", 60).claim(p) == InFlight(1000)
+        async with p.connection() as conn:
+            assert await fence.hold(conn) == Held()
+            await conn.commit()
+            await conn.execute("INSERT INTO payments (key, amount) VALUES (%s, 1)", (k,))
+            assert await fence.commit(conn, CREATED) == Committed()
+        assert await AsyncFence(k, token(), b"x", 60).claim(p) == Mismatch()
+        assert await AsyncFence(k, token(), b"fp", 60).claim(p) == Replay(CREATED)
+        other = new_key()
+        first = AsyncFence(other, token(), b"fp", 60)
+        assert await first.claim(p) == Proceed()
+        await first.release(p)
+        assert await AsyncFence(other, token(), b"fp", 60).claim(p) == Proceed()
+    assert payments(fence_database_url, k) == 1
+
+
+def test_a_durable_claim_on_an_autocommit_connection(fence_database_url: str) -> None:
+    with psycopg.connect(fence_database_url, autocommit=True) as conn:
+        k = new_key()
+        fence = Fence(k, token(), b"fp", 60)
+        assert fence.claim(conn) == Proceed()
+        with psycopg.connect(fence_database_url) as other:
+            assert Fence(k, token(), b"fp", 60).claim(other) == InFlight(1000)
+        fence.release(conn)
+        assert Fence(k, token(), b"fp", 60).claim(conn) == Proceed()
+        # Inside a transaction a durable claim is refused: it would not be durable.
+        with conn.transaction():
+            conn.execute("SELECT 1")
+            with pytest.raises(idem.PostgresError, match="outside any"):
+                Fence(new_key(), token(), b"fp", 60).claim(conn)

@@ -1,0 +1,189 @@
+"""The middleware with fenced handlers (docs/fence.md, "What the middleware
+does with it"): a committed response is stored MIRRORED whatever its status,
+a claim not committed releases the key and the durable claim, the fence's
+replay refills Redis, an open holder is 409 and another request 422, a
+holder that lost its key answers what the key holds."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+import idem
+import idem.asyncio
+from idem.fence import AsyncFence, Committed, Lost, Proceed
+from idem.middleware import IdempotencyMiddleware
+from idem.types import StoredResponse
+
+from conftest import RedisServer
+
+
+class Payments:
+    """A fenced handler: claim durably, pay, commit the response."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+        self.runs = 0
+        self.status = 201
+        self.commit = True
+        self.before_commit: Callable[[AsyncFence], Any] | None = None
+
+    async def endpoint(self, request: Request) -> Response:
+        self.runs += 1
+        fence: AsyncFence = request.scope["idem"].fence
+        claim = await fence.claim(self.pool)
+        if claim != Proceed():
+            return Response("claim refused", status_code=409)
+        body = await request.body()
+        response = StoredResponse.of(self.status, b"paid " + body, [("content-type", "text/plain")])
+        if not self.commit:
+            return Response(response.body, status_code=self.status)
+        if self.before_commit is not None:
+            await self.before_commit(fence)
+        async with self.pool.connection() as conn:
+            await conn.execute("INSERT INTO payments (key, amount) VALUES (%s, 1)", (fence.key,))
+            result = await fence.commit(conn, response)
+        if isinstance(result, Lost):
+            return Response("lost", status_code=500)
+        assert result == Committed()
+        return Response(response.body, status_code=self.status, media_type="text/plain")
+
+
+@pytest.fixture
+async def setup(
+    aclient: idem.asyncio.IdemClient, fence_database_url: str
+) -> AsyncIterator[tuple[Payments, httpx.AsyncClient, AsyncConnectionPool]]:
+    async with AsyncConnectionPool(fence_database_url, min_size=1, max_size=4, open=False) as pool:
+        handler = Payments(pool)
+        app = Starlette(
+            routes=[Route("/pay", handler.endpoint, methods=["POST"])],
+            middleware=[Middleware(IdempotencyMiddleware, client=aclient)],
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            yield handler, c, pool
+
+
+def unique() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
+async def payments(pool: AsyncConnectionPool, key: str) -> int:
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM payments WHERE key = %s", (key,))
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def test_a_committed_500_is_stored_mirrored(
+    setup: Any, aclient: idem.asyncio.IdemClient
+) -> None:
+    handler, c, pool = setup
+    handler.status = 500
+    k = unique()
+    first = await c.post("/pay", content="x", headers={"idempotency-key": k})
+    assert first.status_code == 500
+    record = await aclient.get(f"idem:{{:{k}}}")
+    assert record is not None and record.state == "completed" and record.mirror == "mirrored"
+    again = await c.post("/pay", content="x", headers={"idempotency-key": k})
+    assert again.status_code == 500 and again.headers["idempotent-replayed"] == "true"
+    assert handler.runs == 1
+    assert await payments(pool, f"idem:{{:{k}}}") == 1
+
+
+async def test_a_claim_not_committed_releases_redis_and_the_claim(
+    setup: Any, aclient: idem.asyncio.IdemClient
+) -> None:
+    handler, c, pool = setup
+    handler.commit = False
+    k = unique()
+    assert (await c.post("/pay", content="x", headers={"idempotency-key": k})).status_code == 201
+    assert await aclient.get(f"idem:{{:{k}}}") is None
+    # The durable claim is gone too: the retry proceeds at once.
+    handler.commit = True
+    assert (await c.post("/pay", content="x", headers={"idempotency-key": k})).status_code == 201
+    assert handler.runs == 2
+    assert await payments(pool, f"idem:{{:{k}}}") == 1
+
+
+async def test_the_fences_replay_refills_redis_after_it_forgot(
+    setup: Any, aclient: idem.asyncio.IdemClient, redis_server: RedisServer
+) -> None:
+    _, c, pool = setup
+    k = unique()
+    first = await c.post("/pay", content="x", headers={"idempotency-key": k})
+    assert first.status_code == 201
+    redis.Redis(port=redis_server.port).delete(f"idem:{{:{k}}}")
+    again = await c.post("/pay", content="x", headers={"idempotency-key": k})
+    assert again.status_code == 201 and again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    record = await aclient.get(f"idem:{{:{k}}}")
+    assert record is not None and record.mirror == "mirrored"
+    assert await payments(pool, f"idem:{{:{k}}}") == 1
+
+
+async def test_an_open_holder_is_409_and_another_request_422(
+    setup: Any, aclient: idem.asyncio.IdemClient, redis_server: RedisServer
+) -> None:
+    handler, c, pool = setup
+    k = unique()
+    redis_key = f"idem:{{:{k}}}"
+    same_request = idem.Fingerprinter(canonical_json=True).fingerprint("POST", "/pay", [], b"x")
+    holder = AsyncFence(redis_key, 1, same_request, 60, lease=30)
+    assert await holder.claim(pool) == Proceed()
+    # Redis forgot nothing here: a request Redis lets in finds the claim.
+    busy = await c.post("/pay", content="x", headers={"idempotency-key": k})
+    assert busy.status_code == 409 and busy.headers["retry-after"] == "1"
+    assert await aclient.get(redis_key) is None, "released"
+    await holder.release(pool)
+    other_key = unique()
+    other = AsyncFence(f"idem:{{:{other_key}}}", 1, b"another request", 60)
+    assert await other.claim(pool) == Proceed()
+    async with pool.connection() as conn:
+        assert await other.commit(conn, StoredResponse(200, b"other")) == Committed()
+    mismatch = await c.post("/pay", content="x", headers={"idempotency-key": other_key})
+    assert mismatch.status_code == 422
+    assert handler.runs == 2
+
+
+async def test_a_holder_that_lost_its_key_answers_what_the_key_holds(
+    setup: Any, aclient: idem.asyncio.IdemClient, redis_server: RedisServer
+) -> None:
+    handler, c, pool = setup
+    k = unique()
+    redis_key = f"idem:{{:{k}}}"
+
+    async def taken_over(fence: AsyncFence) -> None:
+        # A retry took the key over (its lease lapsed) and committed first.
+        raw = redis.Redis(port=redis_server.port)
+        async with pool.connection() as conn:
+            await conn.execute(
+                "UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 second'"
+                " WHERE key = %s",
+                (redis_key,),
+            )
+        newer = AsyncFence(redis_key, fence.token + 1, b"", 60)
+        newer.fingerprint_hex = fence.fingerprint_hex
+        assert await newer.claim(pool) == Proceed()
+        async with pool.connection() as conn:
+            assert await newer.commit(conn, StoredResponse(201, b"the retry's")) == Committed()
+        raw.close()
+
+    handler.before_commit = taken_over
+    r = await c.post("/pay", content="x", headers={"idempotency-key": k})
+    assert r.status_code == 201 and r.content == b"the retry's"
+    assert r.headers["idempotent-replayed"] == "true"
+    assert await payments(pool, redis_key) == 0, "the stale holder paid nothing"
