@@ -4,7 +4,9 @@
 # EXPIRE (bench-keyspace.sh), the Postgres mirror (bench-mirror.sh),
 # the HTTP middleware (bench-http.sh), WAIT wake-up cost, and cleanup of the
 # partitioned vs the unpartitioned table (bench-partition.sh, 10M rows).
-# `scripts/bench.sh module|mirror|http|wait|partition` runs one of them.
+# The fence at processor latencies 0/50/200 ms against the same API without
+# it (fence_bench). `scripts/bench.sh module|mirror|http|fence|wait|partition`
+# runs one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
@@ -17,6 +19,10 @@ run_module() {
   scripts/bench-module.sh
   echo; EFFECTS=consumed scripts/bench-module.sh
 }
+run_fence() {
+  echo "== The fence at production latency (issue 28) =="
+  IDEM_MODULE=$(build_module) target/release/examples/fence_bench
+}
 run_wait() {
   echo "== WAIT wake-up (issue 5) =="
   ulimit -n 8192 2>/dev/null || true
@@ -27,6 +33,7 @@ case ${1:-all} in
   module) run_module; echo; scripts/bench-keyspace.sh ;;
   mirror) scripts/bench-mirror.sh ;;
   http) scripts/bench-http.sh ;;
+  fence) run_fence ;;
   wait) run_wait ;;
   partition) scripts/bench-partition.sh ;;
   all)
@@ -35,7 +42,8 @@ case ${1:-all} in
     echo; run_wait
     echo; scripts/bench-mirror.sh
     echo; scripts/bench-http.sh
+    echo; run_fence
     echo; scripts/bench-partition.sh
     ;;
-  *) echo "usage: $0 [module|mirror|http|wait|partition]" >&2; exit 2 ;;
+  *) echo "usage: $0 [module|mirror|http|fence|wait|partition]" >&2; exit 2 ;;
 esac

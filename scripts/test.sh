@@ -37,3 +37,6 @@ export IDEM_MODULE
 
 echo "==> tests"
 cargo test --release --workspace -- "$@"
+
+echo "==> python"
+scripts/test-python.sh
