@@ -737,6 +737,18 @@ async fn a_live_claim_keeps_retries_out_until_its_lease_lapses_and_a_holder_that
     let (db, mut check) = database(layout).await;
     let (mut a, mut b) = (db.connect().await, db.connect().await);
     let lease = Duration::from_millis(400);
+    // A live claim is not the writer's to replace: another request's answer
+    // for the key (stored in Redis after it forgot the key, with a larger
+    // token) would take the holder's key away after it charged.
+    let live = new_fence(layout, "w", 10, b"fp", TTL);
+    assert_eq!(live.claim(&mut a).await.unwrap(), Claim::Proceed);
+    let n = writer_upsert(&check, layout, &[mirror_record("w", 20, b"other")]).await;
+    assert_eq!(n, 0, "the writer replaced a live claim");
+    let tx = a.transaction().await.unwrap();
+    assert_eq!(
+        live.commit(tx, &response(10)).await.unwrap(),
+        Commit::Committed
+    );
     let holder = new_fence(layout, "k", 10, b"fp", TTL).with_lease(lease);
     let retry = new_fence(layout, "k", 20, b"fp", TTL).with_lease(lease);
     assert_eq!(holder.claim(&mut a).await.unwrap(), Claim::Proceed);

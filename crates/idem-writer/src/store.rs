@@ -60,6 +60,7 @@ ON CONFLICT (key) DO UPDATE SET
     fenced           = false
 WHERE t.token < EXCLUDED.token
   AND NOT (t.fenced AND t.status = 'completed' AND t.expires_at > now())
+  AND NOT (t.status = 'in_progress' AND coalesce(t.lease_expires_at > now(), false))
 "
 );
 
@@ -99,6 +100,7 @@ pub const PARTITIONED_UPSERT_SQL: &str = concat!(
     FROM batch b
     WHERE t.key = b.key AND t.token < b.token
       AND NOT (t.fenced AND t.status = 'completed' AND t.expires_at > now())
+      AND NOT (t.status = 'in_progress' AND coalesce(t.lease_expires_at > now(), false))
     RETURNING 1
 ), added AS (
     INSERT INTO idempotency_keys

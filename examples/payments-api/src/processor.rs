@@ -21,13 +21,13 @@ pub const CREATE_CHARGES: &str = "CREATE TABLE IF NOT EXISTS processor_charges (
 )";
 
 /// Records the charge under `key` unless the key has one, answering the
-/// key's charge id.
-const CHARGE: &str = "WITH added AS (
-    INSERT INTO processor_charges (idempotency_key, amount, currency) VALUES ($1, $2, $3)
-    ON CONFLICT (idempotency_key) DO NOTHING RETURNING id
-)
-SELECT id FROM added UNION ALL SELECT id FROM processor_charges WHERE idempotency_key = $1
-LIMIT 1";
+/// new charge's id (no row when the key had one).
+const CHARGE: &str = "INSERT INTO processor_charges (idempotency_key, amount, currency) \
+     VALUES ($1, $2, $3) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id";
+
+/// The key's charge, read in a statement of its own: one a concurrent call
+/// committed while `CHARGE` waited on it is not in `CHARGE`'s snapshot.
+const EXISTING: &str = "SELECT id FROM processor_charges WHERE idempotency_key = $1";
 
 /// The simulated processor.
 #[derive(Clone)]
@@ -61,11 +61,17 @@ impl Processor {
         };
         let id: i64 = {
             let client = self.ledger.get().await?;
-            let statement = client.prepare_cached(CHARGE).await?;
-            client
-                .query_one(&statement, &[&key, &amount, &currency])
+            let charge = client.prepare_cached(CHARGE).await?;
+            match client
+                .query_opt(&charge, &[&key, &amount, &currency])
                 .await?
-                .try_get(0)?
+            {
+                Some(row) => row.try_get(0)?,
+                None => {
+                    let existing = client.prepare_cached(EXISTING).await?;
+                    client.query_one(&existing, &[&key]).await?.try_get(0)?
+                }
+            }
         };
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;

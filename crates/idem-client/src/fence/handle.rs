@@ -313,12 +313,16 @@ impl Fence {
             FenceClient::Pool(pool) => {
                 let mut client = pool.get().await?;
                 (
-                    sql::claim_durably(&mut client, &args).await?,
+                    sql::claim_durably(&mut client, &args, self.guard()).await?,
                     Some(pool.clone()),
                 )
             }
-            FenceClient::Pooled(client) => (sql::claim_durably(client, &args).await?, None),
-            FenceClient::Plain(client) => (sql::claim_durably(client, &args).await?, None),
+            FenceClient::Pooled(client) => {
+                (sql::claim_durably(client, &args, self.guard()).await?, None)
+            }
+            FenceClient::Plain(client) => {
+                (sql::claim_durably(client, &args, self.guard()).await?, None)
+            }
         };
         self.set_report(match &claim {
             Claim::Proceed => FenceReport::Claimed(Release { pool }),
@@ -413,7 +417,12 @@ impl Fence {
         )
         .await?;
         Ok(match written {
-            Written::Held => Hold::Held,
+            Written::Held => {
+                // A phase may commit effects: from here the middleware no
+                // longer releases the claim (a retry waits for its lease).
+                self.set_report(FenceReport::Claimed(Release::default()));
+                Hold::Held
+            }
             Written::Lost(claim) => {
                 self.set_report(FenceReport::Decided(claim.clone()));
                 Hold::Lost(claim)

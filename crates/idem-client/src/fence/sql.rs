@@ -389,12 +389,16 @@ pub(crate) async fn claim_in<E: Exec>(
 pub(crate) async fn claim_durably<C: Conn>(
     conn: &mut C,
     args: &ClaimArgs<'_>,
+    guard: Guard,
 ) -> Result<Claim, IdemError> {
     let (free, claimed) = match args.layout {
         TableLayout::Unpartitioned => claim_statement(&*conn, args, Some("off"), None).await?,
         TableLayout::Partitioned => {
+            // The gate is held until this short transaction ends: bounded
+            // like any other the fence works in, should its caller vanish.
             let tx = conn.begin().await?;
-            let decided = partitioned_claim(&tx, args, Some("off"), None).await?;
+            let idle = guard.idle();
+            let decided = partitioned_claim(&tx, args, Some("off"), idle.as_deref()).await?;
             tx.commit().await?;
             decided
         }
