@@ -81,6 +81,7 @@ pub async fn create_payment(
     }
 }
 
+// ANCHOR: create_fenced
 /// Claim, charge, then the payment and its idempotency row in one short
 /// transaction. A failure after the claim leaves it to the middleware to
 /// release (the claim was made through the pool); the retry's charge under
@@ -118,6 +119,7 @@ async fn create_fenced(
         internal("the payment could not be stored")
     })
 }
+// ANCHOR_END: create_fenced
 
 async fn create_unfenced(state: &AppState, request: &NewPayment, recipient: &str) -> Response {
     // Without the fence there is no downstream key: every run charges.

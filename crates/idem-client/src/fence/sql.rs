@@ -3,7 +3,8 @@
 //! `in_progress` row and its lease), the look at a row the claim did not
 //! take, the gate a completion takes, the completion, the lease's renewal
 //! and the release. docs/fence.md describes the same statements for other
-//! languages.
+//! languages and shows them from here: the `// ANCHOR` lines mark what it
+//! includes.
 
 use futures_util::future::BoxFuture;
 use tokio_postgres::types::{ToSql, Type};
@@ -13,6 +14,7 @@ use super::{Claim, FenceTransaction, TableLayout};
 use crate::read_through::decode_response;
 use crate::{IdemError, StoredResponse};
 
+// ANCHOR: claim
 /// One round trip: take the key's transaction-scoped advisory lock without
 /// waiting (the gate: another holder's statement or transaction on the key
 /// still running means "in flight", not a wait), then insert the
@@ -61,7 +63,9 @@ WITH gate AS MATERIALIZED (
 )
 SELECT (SELECT free FROM gate), EXISTS (SELECT 1 FROM claimed)
 ";
+// ANCHOR_END: claim
 
+// ANCHOR: partitioned_gate
 /// Partitioned layout, first statement: the session settings of
 /// [`CLAIM_SQL`] (`$2`, `$3`), the gate (`$1` key), and the transaction's
 /// isolation. On this layout the key's lock is also what keeps one row per
@@ -80,7 +84,9 @@ SELECT pg_try_advisory_xact_lock(hashtextextended($1, 1768187245)),
        CASE WHEN $3::text IS NOT NULL
             THEN set_config('idle_in_transaction_session_timeout', $3, true) END
 ";
+// ANCHOR_END: partitioned_gate
 
+// ANCHOR: partitioned_claim
 /// Partitioned layout, second statement (the gate held): takes over the
 /// key's row under the same rule as [`CLAIM_SQL`] (moving it to the partition
 /// of its new expiry), or inserts it when the key has no row. Answers
@@ -116,7 +122,9 @@ WITH existing AS (
 )
 SELECT EXISTS (SELECT 1 FROM taken) OR EXISTS (SELECT 1 FROM added)
 ";
+// ANCHOR_END: partitioned_claim
 
+// ANCHOR: row
 /// The row a claim did not take (or a completion did not find), read in a
 /// new statement: its latest committed version.
 pub const ROW_SQL: &str = "
@@ -124,7 +132,9 @@ SELECT fingerprint, status, token, expires_at > now(),
        response_status, response_body, response_headers
 FROM idempotency_keys WHERE key = $1
 ";
+// ANCHOR_END: row
 
+// ANCHOR: write_gate
 /// The first statement of a fenced write in the caller's transaction (the
 /// completion, a lease renewal): bounds how long the transaction may wait
 /// for a lock (`$2`, `lock_timeout`) and stay idle (`$3`,
@@ -138,7 +148,9 @@ SELECT CASE WHEN $2::text IS NOT NULL THEN set_config('lock_timeout', $2, true) 
             THEN set_config('idle_in_transaction_session_timeout', $3, true) END,
        pg_advisory_xact_lock(hashtextextended($1, 1768187245))
 ";
+// ANCHOR_END: write_gate
 
+// ANCHOR: complete
 /// Stores the response on the key's `in_progress` row held with this token,
 /// marked `fenced`: the writer's upsert leaves it as it is while it is
 /// unexpired. `$1` key, `$2` token, `$3` status, `$4` body, `$5` headers
@@ -150,7 +162,9 @@ UPDATE idempotency_keys SET
 WHERE key = $1 AND token = $2 AND status = 'in_progress'
 RETURNING 1
 ";
+// ANCHOR_END: complete
 
+// ANCHOR: renew
 /// Extends the lease of the key's `in_progress` row held with this token:
 /// `$1` key, `$2` token, `$3` lease in seconds from now.
 pub const RENEW_SQL: &str = "
@@ -158,13 +172,16 @@ UPDATE idempotency_keys SET lease_expires_at = now() + make_interval(secs => $3)
 WHERE key = $1 AND token = $2 AND status = 'in_progress'
 RETURNING 1
 ";
+// ANCHOR_END: renew
 
+// ANCHOR: release
 /// Gives up a claim that will not complete: deletes the key's `in_progress`
 /// row held with this token (`$1` key, `$2` token), so a retry proceeds at
 /// once instead of after the lease.
 pub const RELEASE_SQL: &str = "
 DELETE FROM idempotency_keys WHERE key = $1 AND token = $2 AND status = 'in_progress'
 ";
+// ANCHOR_END: release
 
 /// The existing row, as [`ROW_SQL`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
