@@ -181,8 +181,8 @@ def test_the_partitioned_layout(partitioned_database_url: str) -> None:
             with pytest.raises(idem.PostgresError, match="READ COMMITTED"):
                 Fence(new_key(), token(), b"fp", 60, layout="partitioned").claim_in(conn)
             conn.rollback()
-        # The default layout's claim fails on a partitioned table.
-        with pytest.raises(idem.PostgresError):
+        # The default layout's claim fails on a partitioned table, saying why.
+        with pytest.raises(idem.PostgresError, match="looks partitioned"):
             Fence(new_key(), token(), b"fp", 60).claim(pool)
 
 
@@ -221,3 +221,55 @@ def test_a_durable_claim_on_an_autocommit_connection(fence_database_url: str) ->
             conn.execute("SELECT 1")
             with pytest.raises(idem.PostgresError, match="outside any"):
                 Fence(new_key(), token(), b"fp", 60).claim(conn)
+
+
+def test_a_partitioned_durable_claim_is_read_committed_whatever_the_default(
+    partitioned_database_url: str,
+) -> None:
+    # The Rust fence begins its claiming transaction at READ COMMITTED; a
+    # REPEATABLE READ default must not turn every durable claim into an error.
+    with psycopg.connect(partitioned_database_url, autocommit=True) as conn:
+        conn.execute("SET default_transaction_isolation = 'repeatable read'")
+        k = new_key()
+        fence = Fence(k, token(), b"fp", 60, layout="partitioned")
+        assert fence.claim(conn) == Proceed()
+        assert Fence(k, token(), b"fp", 60, layout="partitioned").claim(conn) == InFlight(1000)
+
+
+def test_a_frozen_partitioned_claimer_holds_the_gate_no_longer_than_its_idle_timeout(
+    partitioned_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The partitioned durable claim runs two statements in a transaction of
+    # its own; a claimer frozen (or vanished) between them holds the key's
+    # gate. The fence's idle timeout (the lease) bounds that: Postgres ends
+    # the session and a retry proceeds.
+    k = new_key()
+    frozen = Fence(k, token(), b"fp", 60, lease=0.4, layout="partitioned")
+    run_statement = Fence._raw
+
+    def freezing(self: Fence, conn: psycopg.Connection[Any], name: str, params: list[Any]) -> Any:
+        cursor = run_statement(self, conn, name, params)
+        if self is frozen and name == "partitioned_gate":
+            time.sleep(2.0)
+        return cursor
+
+    monkeypatch.setattr(Fence, "_raw", freezing)
+    errors: list[Exception] = []
+
+    def claim_and_freeze() -> None:
+        with psycopg.connect(partitioned_database_url, autocommit=True) as conn:
+            try:
+                frozen.claim(conn)
+            except idem.PostgresError as err:
+                errors.append(err)
+
+    thread = threading.Thread(target=claim_and_freeze)
+    thread.start()
+    try:
+        time.sleep(1.2)  # well past the idle timeout, the claimer still frozen
+        with psycopg.connect(partitioned_database_url, autocommit=True) as conn:
+            retry = Fence(k, token(), b"fp", 60, layout="partitioned").claim(conn)
+    finally:
+        thread.join()
+    assert retry == Proceed(), "the frozen claimer still held the gate"
+    assert errors, "Postgres ended the frozen claimer's session"

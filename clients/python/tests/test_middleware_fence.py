@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 import idem
 import idem.asyncio
-from idem.fence import AsyncFence, Committed, Lost, Proceed
+from idem.fence import AsyncFence, Committed, Held, Lost, Proceed
 from idem.middleware import IdempotencyMiddleware
 from idem.types import StoredResponse
 
@@ -187,3 +187,41 @@ async def test_a_holder_that_lost_its_key_answers_what_the_key_holds(
     assert r.status_code == 201 and r.content == b"the retry's"
     assert r.headers["idempotent-replayed"] == "true"
     assert await payments(pool, redis_key) == 0, "the stale holder paid nothing"
+
+
+async def test_a_committed_hold_keeps_the_claim_when_the_handler_fails_later(
+    aclient: idem.asyncio.IdemClient, fence_database_url: str
+) -> None:
+    # A phase committed under hold may have effects: the middleware must not
+    # release the durable claim when the handler then fails, or a retry would
+    # redo the committed phase at once. It waits for the claim's lease.
+    async with AsyncConnectionPool(fence_database_url, min_size=1, max_size=4, open=False) as pool:
+        runs = 0
+
+        async def endpoint(request: Request) -> Response:
+            nonlocal runs
+            runs += 1
+            fence: AsyncFence = request.scope["idem"].fence
+            if await fence.claim(pool) != Proceed():
+                return Response("claim refused", status_code=409)
+            async with pool.connection() as conn:
+                assert await fence.hold(conn) == Held()
+                await conn.execute(
+                    "INSERT INTO payments (key, amount) VALUES (%s, 1)", (fence.key,)
+                )
+                await conn.commit()
+            return Response("the processor failed", status_code=502)
+
+        app = Starlette(
+            routes=[Route("/pay", endpoint, methods=["POST"])],
+            middleware=[Middleware(IdempotencyMiddleware, client=aclient)],
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            k = unique()
+            first = await c.post("/pay", content="x", headers={"idempotency-key": k})
+            assert first.status_code == 502
+            retry = await c.post("/pay", content="x", headers={"idempotency-key": k})
+            assert retry.status_code == 409, "the committed phase's claim was released"
+        assert runs == 2
+        assert await payments(pool, f"idem:{{:{k}}}") == 1

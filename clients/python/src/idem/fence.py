@@ -38,6 +38,8 @@ from idem.wire import Duration
 
 _FENCE = _spec.load("fence.json")
 _SQL: dict[str, str] = {name: s["sql"] for name, s in _FENCE["statements"].items()}
+# What Rust's `build_transaction().isolation_level(ReadCommitted)` sends.
+_SQL["read_committed"] = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 DEFAULT_LEASE = float(_spec.http()["defaults"]["lease_ms"]) / 1000
 FENCE_RETRY_AFTER_MS = int(_spec.http()["defaults"]["fence_retry_after_ms"])
 
@@ -159,6 +161,14 @@ def _flat(response: StoredResponse) -> list[bytes]:
 _PARTITIONED_ISOLATION = "read committed"
 
 
+def _claim_error(err: psycopg.Error) -> PostgresError:
+    """The unpartitioned claim's ``ON CONFLICT (key)`` on a partitioned table
+    has no unique index to use (42P10): say which fence to use."""
+    if err.sqlstate == "42P10":
+        return PostgresError(f"{err}: idempotency_keys looks partitioned; use layout='partitioned'")
+    return PostgresError(str(err))
+
+
 class _Base:
     """What both twins share: the fence's identity and settings."""
 
@@ -269,16 +279,23 @@ class Fence(_Base):
                 assert isinstance(source, psycopg.Connection)
                 claim = self._durably(source)
         except psycopg.Error as err:
-            raise PostgresError(str(err)) from err
+            raise _claim_error(err) from err
         return self._after_claim(claim, pool)
 
     def _durably(self, conn: psycopg.Connection[Any]) -> Claim:
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             raise PostgresError("a durable claim needs a connection outside any transaction")
-        if conn.autocommit and self.layout == "unpartitioned":
-            return self._claim_on(conn, "off", None)  # one statement, committed on its own
+        if self.layout == "unpartitioned":
+            if conn.autocommit:
+                return self._claim_on(conn, "off", None)  # one statement, committed on its own
+            with conn.transaction():
+                return self._claim_on(conn, "off", None)
+        # The partitioned layout's two statements: a short transaction of
+        # their own at READ COMMITTED whatever the default, holding the gate
+        # no longer than the idle timeout should the claimer vanish.
         with conn.transaction():
-            return self._claim_on(conn, "off", None)
+            self._raw(conn, "read_committed", [])
+            return self._claim_on(conn, "off", _ms(self.idle_timeout))
 
     def claim_in(self, conn: psycopg.Connection[Any]) -> Claim:
         """Claims the key inside the caller's open transaction on ``conn``
@@ -287,7 +304,7 @@ class Fence(_Base):
         try:
             claim = self._claim_on(conn, None, _ms(self.idle_timeout))
         except psycopg.Error as err:
-            raise PostgresError(str(err)) from err
+            raise _claim_error(err) from err
         return self._after_claim(claim)
 
     def _write(self, conn: psycopg.Connection[Any], name: str, params: list[Any]) -> Held | Lost:
@@ -329,9 +346,14 @@ class Fence(_Base):
         """Confirms in the caller's transaction that the key is still this
         holder's and renews its lease; it stays held until the transaction ends."""
         try:
-            return self._write(conn, "renew", [self.key, self.token, self.lease])
+            held = self._write(conn, "renew", [self.key, self.token, self.lease])
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
+        if isinstance(held, Held):
+            # A phase may commit effects: from here the middleware no longer
+            # releases the claim (a retry waits for its lease).
+            self._set("claimed")
+        return held
 
     def release(self, source: psycopg_pool.ConnectionPool[Any] | psycopg.Connection[Any]) -> None:
         """Gives up a durable claim that will not be committed."""
@@ -397,23 +419,27 @@ class AsyncFence(_Base):
                 assert isinstance(source, psycopg.AsyncConnection)
                 claim = await self._durably(source)
         except psycopg.Error as err:
-            raise PostgresError(str(err)) from err
+            raise _claim_error(err) from err
         return self._after_claim(claim, pool)
 
     async def _durably(self, conn: psycopg.AsyncConnection[Any]) -> Claim:
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             raise PostgresError("a durable claim needs a connection outside any transaction")
-        if conn.autocommit and self.layout == "unpartitioned":
-            return await self._claim_on(conn, "off", None)
-        async with conn.transaction():
-            return await self._claim_on(conn, "off", None)
+        if self.layout == "unpartitioned":
+            if conn.autocommit:
+                return await self._claim_on(conn, "off", None)
+            async with conn.transaction():
+                return await self._claim_on(conn, "off", None)
+        async with conn.transaction():  # as in ``Fence._durably``
+            await self._raw(conn, "read_committed", [])
+            return await self._claim_on(conn, "off", _ms(self.idle_timeout))
 
     async def claim_in(self, conn: psycopg.AsyncConnection[Any]) -> Claim:
         """See ``Fence.claim_in``."""
         try:
             claim = await self._claim_on(conn, None, _ms(self.idle_timeout))
         except psycopg.Error as err:
-            raise PostgresError(str(err)) from err
+            raise _claim_error(err) from err
         return self._after_claim(claim)
 
     async def _write(
@@ -457,9 +483,12 @@ class AsyncFence(_Base):
     async def hold(self, conn: psycopg.AsyncConnection[Any]) -> Held | Lost:
         """See ``Fence.hold``."""
         try:
-            return await self._write(conn, "renew", [self.key, self.token, self.lease])
+            held = await self._write(conn, "renew", [self.key, self.token, self.lease])
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
+        if isinstance(held, Held):
+            self._set("claimed")  # as in ``Fence.hold``
+        return held
 
     async def release(
         self, source: psycopg_pool.AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any]
