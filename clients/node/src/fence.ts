@@ -1,0 +1,299 @@
+// The Postgres fence (docs/fence.md; the Rust idem_client::Fence) over
+// node-postgres: a key's idempotency row is claimed durably (a short
+// statement of its own, with a lease) before the handler calls anything
+// outside Postgres, and completed in the short transaction that writes the
+// business effect, only while it is still held with the claim's token. The
+// effect and the authoritative record commit or roll back together whatever
+// Redis forgets, and no transaction spans a foreign call. The statements are
+// the Rust crate's, read from spec/fence.json and run as written.
+import type { ClientBase, Pool } from "pg";
+import * as spec from "./spec.js";
+import { PostgresError } from "./errors.js";
+import { downstreamKeyOf, storedHex } from "./fingerprint.js";
+import { decodeRow } from "./readThrough.js";
+import { isPool, describe, sqlstate, type Source } from "./pg.js";
+import { checkToken } from "./wire.js";
+import type { InFlight, Mismatch, Replay, StoredResponse } from "./types.js";
+
+type Statement = keyof spec.FenceSpec["statements"];
+
+/** This holder holds the key: run the business logic, then commit. */
+export interface Proceed {
+  kind: "proceed";
+}
+/** What a claim found. InFlight carries the fence's Retry-After (spec/http.json fence_retry_after_ms). */
+export type Claim = Proceed | Replay | InFlight | Mismatch;
+/** The key's row holds the response (committed by commit; by complete, to commit with the transaction). */
+export interface Committed {
+  kind: "committed";
+}
+/** hold: still held with this token, the lease renewed. */
+export interface Held {
+  kind: "held";
+}
+/** This holder lost the key (its lease lapsed and a retry took it over, or the row was released): commit nothing; answer `claim`. */
+export interface Lost {
+  kind: "lost";
+  claim: Replay | InFlight | Mismatch;
+}
+
+/** The table's layout (crates/idem-writer/migrations): one table, or partitioned by expiry. */
+export type Layout = "unpartitioned" | "partitioned";
+
+export interface FenceOptions {
+  /** The durable claim's lease in ms (default: spec/http.json lease_ms). */
+  leaseMs?: number;
+  /** idle_in_transaction_session_timeout and lock_timeout of the fence's transactions: "lease" (default), ms, or null (leave the session's). */
+  idleTimeoutMs?: number | "lease" | null;
+  layout?: Layout;
+}
+
+const inFlight = (): InFlight => ({ kind: "in_flight", retryAfterMs: spec.http().defaults.fence_retry_after_ms });
+const sql = (name: Statement): string => spec.fence().statements[name].sql;
+const ms = (v: number | null): string | null => (v === null ? null : String(Math.max(1, Math.round(v))));
+
+/** What the handler did with its fence, as the middleware reads it. */
+export class FenceReport {
+  kind: "unused" | "claimed" | "decided" | "committed" = "unused";
+  claim: Claim | null = null;
+  committed: StoredResponse | null = null;
+  pool: Pool | null = null;
+
+  set(kind: FenceReport["kind"], more: { claim?: Claim; committed?: StoredResponse; pool?: Pool | null } = {}): void {
+    this.kind = kind;
+    this.claim = more.claim ?? null;
+    this.committed = more.committed ?? null;
+    this.pool = more.pool ?? null;
+  }
+}
+
+interface Row {
+  fingerprintHex: string;
+  completed: boolean;
+  token: bigint;
+  alive: boolean;
+  response: StoredResponse | null;
+}
+
+function toRow(key: string, row: unknown[] | undefined): Row | null {
+  if (row === undefined) return null;
+  const [fingerprint, status, token, alive, responseStatus, body, headers] = row;
+  const completed = status === "completed";
+  const response =
+    completed && responseStatus !== null ? decodeRow(key, fingerprint, responseStatus, body, headers).response : null;
+  return { fingerprintHex: String(fingerprint).toLowerCase(), completed, token: BigInt(String(token)), alive: alive === true, response };
+}
+
+/** The decision on a row a claim did not take (docs/fence.md; spec/fence.json protocol.decide). */
+export function decide(row: Row | null, fingerprintHex: string, token: bigint): Claim {
+  if (row === null) return inFlight(); // deleted since (released, or cleaned up): ask again
+  if (!row.completed && row.token === token) return { kind: "proceed" }; // claimed with this very token before
+  if (!row.alive) return inFlight(); // expired, but a larger token has it
+  if (row.fingerprintHex !== fingerprintHex) return { kind: "mismatch" };
+  if (row.completed && row.response !== null) return { kind: "replay", response: row.response };
+  return inFlight();
+}
+
+function flat(response: StoredResponse): Buffer[] {
+  return response.headers.flatMap(([name, value]) => [Buffer.from(name, "utf8"), value]);
+}
+
+/** The unpartitioned claim's ON CONFLICT (key) on a partitioned table has no unique index to use (42P10): say which fence to use. */
+function claimError(err: unknown): PostgresError {
+  if (err instanceof PostgresError) return err;
+  if (sqlstate(err) === "42P10") {
+    return new PostgresError(`${describe(err)}: idempotency_keys looks partitioned; use layout "partitioned"`, { cause: err });
+  }
+  return new PostgresError(describe(err), { cause: err });
+}
+
+/** The fence of one request. The middleware hands one to every request it runs. */
+export class Fence {
+  readonly key: string;
+  readonly token: bigint;
+  readonly fingerprintHex: string;
+  readonly ttlMs: number;
+  readonly leaseMs: number;
+  readonly idleTimeoutMs: number | null;
+  readonly layout: Layout;
+  /** Set by the middleware: what the handler did. */
+  report: FenceReport | null = null;
+
+  constructor(key: string, token: bigint, fingerprint: Uint8Array, ttlMs: number, options: FenceOptions = {}) {
+    checkToken(token);
+    this.key = key;
+    this.token = token;
+    this.fingerprintHex = storedHex(fingerprint);
+    this.ttlMs = ttlMs;
+    this.leaseMs = options.leaseMs ?? spec.http().defaults.lease_ms;
+    const idle = options.idleTimeoutMs === undefined ? "lease" : options.idleTimeoutMs;
+    this.idleTimeoutMs = idle === "lease" ? this.leaseMs : idle;
+    this.layout = options.layout ?? "unpartitioned";
+  }
+
+  /** A key for a downstream API's own idempotency (a processor's Idempotency-Key): the same for every attempt at this request. */
+  downstreamKey(): string {
+    return downstreamKeyOf(this.key, this.fingerprintHex);
+  }
+
+  private async raw(conn: ClientBase | Pool, name: Statement | "read_committed", params: unknown[]): Promise<unknown[] | undefined> {
+    const text = name === "read_committed" ? "SET TRANSACTION ISOLATION LEVEL READ COMMITTED" : sql(name);
+    const result = await conn.query({ text, values: params, rowMode: "array" });
+    return result.rows[0] as unknown[] | undefined;
+  }
+
+  private claimParams(synchronousCommit: string | null, idle: string | null): unknown[] {
+    return [this.key, this.fingerprintHex, this.token.toString(), this.ttlMs / 1000, this.leaseMs / 1000, synchronousCommit, idle];
+  }
+
+  private async settle(conn: ClientBase | Pool, free: boolean, claimed: boolean): Promise<Claim> {
+    if (claimed) return { kind: "proceed" };
+    if (!free) return inFlight();
+    const row = await this.raw(conn, "row", [this.key]);
+    return decide(toRow(this.key, row), this.fingerprintHex, this.token);
+  }
+
+  private async claimOn(conn: ClientBase | Pool, sync: string | null, idle: string | null): Promise<Claim> {
+    if (this.layout === "unpartitioned") {
+      const [free, claimed] = (await this.raw(conn, "claim", this.claimParams(sync, idle))) as [boolean, boolean];
+      return this.settle(conn, free, claimed);
+    }
+    const [free, isolation] = (await this.raw(conn, "partitioned_gate", [this.key, sync, idle])) as [boolean, string];
+    if (isolation !== "read committed") {
+      throw new PostgresError(`the partitioned fence needs a READ COMMITTED transaction, not ${isolation}`);
+    }
+    if (!free) return inFlight();
+    const [claimed] = (await this.raw(conn, "partitioned_claim", this.claimParams(sync, idle).slice(0, 5))) as [boolean];
+    return this.settle(conn, true, claimed);
+  }
+
+  private after(claim: Claim, pool: Pool | null = null): Claim {
+    if (claim.kind === "proceed") this.report?.set("claimed", { pool });
+    else this.report?.set("decided", { claim });
+    return claim;
+  }
+
+  /**
+   * Claims the key durably: the in_progress row, with this token and a lease, commits on its own before this
+   * resolves. Call anything outside Postgres now (with downstreamKey()), then commit the effect in a short
+   * transaction. `source` is a pool or a client outside any transaction.
+   */
+  async claim(source: Source): Promise<Claim> {
+    const pool = isPool(source) ? source : null;
+    let claim: Claim;
+    try {
+      if (this.layout === "unpartitioned") {
+        // One statement, committed on its own (synchronous_commit off: the write gate orders what follows).
+        claim = await this.claimOn(source, "off", null);
+      } else {
+        // The partitioned layout's two statements: a short transaction of their own at READ COMMITTED
+        // whatever the default, holding the gate no longer than the idle timeout should the claimer vanish.
+        const conn = pool === null ? (source as ClientBase) : await pool.connect();
+        let broken = false;
+        try {
+          await conn.query("BEGIN");
+          try {
+            await this.raw(conn, "read_committed", []);
+            claim = await this.claimOn(conn, "off", ms(this.idleTimeoutMs));
+            await conn.query("COMMIT");
+          } catch (err) {
+            await conn.query("ROLLBACK").catch(() => {
+              broken = true;
+            });
+            throw err;
+          }
+        } finally {
+          if (pool !== null) (conn as { release?: (e?: boolean) => void }).release?.(broken);
+        }
+      }
+    } catch (err) {
+      throw claimError(err);
+    }
+    return this.after(claim, pool);
+  }
+
+  /**
+   * Claims the key inside the caller's open transaction on `conn` (effects only in Postgres: claim, effect
+   * and completion commit together; its rollback undoes the claim).
+   */
+  async claimIn(conn: ClientBase): Promise<Claim> {
+    let claim: Claim;
+    try {
+      claim = await this.claimOn(conn, null, ms(this.idleTimeoutMs));
+    } catch (err) {
+      throw claimError(err);
+    }
+    return this.after(claim);
+  }
+
+  private async write(conn: ClientBase, name: "complete" | "renew", params: unknown[]): Promise<Held | Lost> {
+    const idle = ms(this.idleTimeoutMs);
+    await this.raw(conn, "write_gate", [this.key, idle, idle]);
+    if ((await this.raw(conn, name, params)) !== undefined) return { kind: "held" };
+    const row = await this.raw(conn, "row", [this.key]);
+    const claim = decide(toRow(this.key, row), this.fingerprintHex, this.token);
+    const lost: Lost = { kind: "lost", claim: claim.kind === "proceed" ? inFlight() : claim };
+    this.report?.set("decided", { claim: lost.claim });
+    return lost;
+  }
+
+  /** Writes the response into the key's row in the caller's open transaction, if this holder still holds it; on Lost roll back. */
+  async complete(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
+    const params = [this.key, this.token.toString(), response.status, response.body, flat(response)];
+    let written: Held | Lost;
+    try {
+      written = await this.write(conn, "complete", params);
+    } catch (err) {
+      throw new PostgresError(describe(err), { cause: err });
+    }
+    return written.kind === "held" ? { kind: "committed" } : written;
+  }
+
+  /**
+   * complete, then COMMIT of the client's open transaction (write the effect in it first, after BEGIN) and
+   * tells the middleware; on Lost, ROLLBACK.
+   */
+  async commit(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
+    let result: Committed | Lost;
+    try {
+      result = await this.complete(conn, response);
+    } catch (err) {
+      await conn.query("ROLLBACK").catch(() => undefined);
+      throw err;
+    }
+    try {
+      if (result.kind === "lost") {
+        await conn.query("ROLLBACK");
+        return result;
+      }
+      await conn.query("COMMIT");
+    } catch (err) {
+      throw new PostgresError(describe(err), { cause: err });
+    }
+    this.report?.set("committed", { committed: response });
+    return result;
+  }
+
+  /** Confirms in the caller's transaction that the key is still this holder's and renews its lease; it stays held until the transaction ends. */
+  async hold(conn: ClientBase): Promise<Held | Lost> {
+    let held: Held | Lost;
+    try {
+      held = await this.write(conn, "renew", [this.key, this.token.toString(), this.leaseMs / 1000]);
+    } catch (err) {
+      throw new PostgresError(describe(err), { cause: err });
+    }
+    // A phase may commit effects: from here the middleware no longer releases the claim (a retry waits for its lease).
+    if (held.kind === "held") this.report?.set("claimed");
+    return held;
+  }
+
+  /** Gives up a durable claim that will not be committed. */
+  async release(source: Source): Promise<void> {
+    try {
+      await this.raw(source, "release", [this.key, this.token.toString()]);
+    } catch (err) {
+      throw new PostgresError(describe(err), { cause: err });
+    }
+    this.report?.set("claimed");
+  }
+}

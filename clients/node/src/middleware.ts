@@ -1,0 +1,486 @@
+// The Idempotency-Key flow shared by the Express middleware and the Fastify
+// plugin, with the HTTP semantics of the Rust layer (docs/client.md,
+// "Middleware"; the facts in spec/http.json):
+// - methods not covered pass through; no key passes through (or 400 when
+//   required); a bad key is a 400 problem; a body over maxRequestBody is 413;
+// - new: the handler runs with its lease renewed (TOUCH every third of the
+//   lease) and its request's fence; its response is stored with COMPLETE
+//   when the store policy says so (all but 5xx and 429) before it is sent,
+//   else the key is released (ABORT) so a retry runs again;
+// - in_flight: 409 problem with Retry-After (or, with waitForResultMs, the
+//   original's answer once it completes); replay: the stored status, body and
+//   headers plus Idempotent-Replayed: true; mismatch: 422 problem;
+// - Redis (or the mirror) unreachable: 503 problem with Retry-After (fail
+//   closed), or the handler runs unprotected with failOpen;
+// - a handler that used the fence: Redis is settled by what it did
+//   (committed: COMPLETE MIRRORED; decided: the fence's answer; claimed, not
+//   committed: the durable claim and the key released).
+import * as spec from "./spec.js";
+import { canonicalize } from "./canonicalJson.js";
+import { CompletedError, IdemError, NotFoundError, StaleError } from "./errors.js";
+import { Fence, FenceReport, type Claim, type Layout } from "./fence.js";
+import { Fingerprinter } from "./fingerprint.js";
+import { InvalidKeyError, parseKey, redisKey, tenantOfLines } from "./keys.js";
+import type { IdemClient } from "./client.js";
+import type { ReadThrough } from "./readThrough.js";
+import type { InFlight, Mismatch, Outcome, Replay, StoredResponse } from "./types.js";
+
+/** A request as the flow sees it: header names lowercased, one pair per header line, values as sent. */
+export interface HttpRequest {
+  method: string;
+  /** The request target as sent: path and query. */
+  target: string;
+  headers: [string, Buffer][];
+  body: Buffer;
+}
+
+/** A response to send. */
+export interface HttpResponse {
+  status: number;
+  headers: [string, string | Buffer][];
+  body: Buffer;
+}
+
+export interface Logger {
+  warn(message: string): void;
+  error(message: string): void;
+}
+
+/** Options; each defaults to spec/http.json's defaults. Times in milliseconds, sizes in bytes. */
+export interface IdempotencyOptions {
+  client: IdemClient;
+  /** Read-through from the writer's Postgres mirror when Redis lost a key. */
+  readThrough?: ReadThrough;
+  methods?: string[];
+  header?: string;
+  required?: boolean;
+  /** The request's tenant (its keys are scoped by it); or tenantHeader. */
+  tenant?: (request: HttpRequest) => string | null;
+  tenantHeader?: string;
+  keyPrefix?: string;
+  ttlMs?: number;
+  leaseMs?: number;
+  /** Duplicates of a running request wait up to this long for its answer instead of a 409. */
+  waitForResultMs?: number;
+  maxRequestBody?: number;
+  maxResponseBody?: number;
+  storedHeaders?: string[];
+  /** Whether a response of this status is stored (default: all but 5xx and 429). */
+  storePolicy?: (status: number) => boolean;
+  /** Run the handler unprotected when Redis is unreachable (default: 503). */
+  failOpen?: boolean;
+  storeRetryMs?: number;
+  fingerprinter?: Fingerprinter;
+  maxRetryAfterMs?: number;
+  /** The idempotency_keys table's layout, for the fence. */
+  tableLayout?: Layout;
+  logger?: Logger;
+}
+
+/** What a running request finds: the Redis key, its token and the request's Postgres fence. */
+export interface IdempotencyContext {
+  key: string;
+  token: bigint;
+  fingerprint: Buffer;
+  ttlMs: number;
+  /** The request's fence (docs/fence.md): claim through a pool, then commit the effect; the middleware settles Redis by what it did. */
+  fence: Fence;
+}
+
+/** What to do with a request: pass it through, answer it, or run the handler under the key. */
+export type Start = { kind: "pass" } | { kind: "respond"; response: HttpResponse } | { kind: "run"; run: Run };
+
+/** Everything but 5xx and 429 is stored; those release the key so the client can retry. */
+export function defaultStorePolicy(status: number): boolean {
+  return !((status >= 500 && status <= 599) || status === 429);
+}
+
+const TOKEN_NAME = /^[!#$%&'*+\-.^_`|~0-9a-z]+$/;
+
+/** The problem's application/problem+json body (spec/http.json), as canonical JSON. */
+export function problemBody(name: spec.ProblemName, detail?: string): Buffer {
+  const p = spec.http().problems[name];
+  const body = canonicalize(Buffer.from(JSON.stringify({ type: p.type, title: p.title, status: p.status, detail: detail ?? p.detail })));
+  if (body === null) throw new Error("a problem body is JSON");
+  return body;
+}
+
+export function problem(name: spec.ProblemName, options: { detail?: string; retryAfter?: string } = {}): HttpResponse {
+  const p = spec.http().problems[name];
+  const h = spec.http().headers;
+  const headers: [string, string][] = [[h.content_type, h.problem_content_type]];
+  const retryAfter = options.retryAfter ?? p.retry_after;
+  if (retryAfter !== undefined) headers.push([h.retry_after, retryAfter]);
+  return { status: p.status, headers, body: problemBody(name, options.detail) };
+}
+
+/** Retry-After in whole seconds, rounded up, at least 1. */
+export function retryAfterHeader(ms: number): string {
+  return String(Math.max(1, Math.ceil(Math.round(ms) / 1000)));
+}
+
+/** The stored response plus Idempotent-Replayed: true; headers that are not valid HTTP are left out. */
+export function replayResponse(stored: StoredResponse, logger?: Logger): HttpResponse {
+  const headers: [string, string | Buffer][] = [];
+  for (const [name, value] of stored.headers) {
+    const lower = name.toLowerCase();
+    if (lower === "content-length") continue;
+    if (!TOKEN_NAME.test(lower) || value.includes(0x0d) || value.includes(0x0a) || value.includes(0)) {
+      logger?.warn(`stored header ${JSON.stringify(name)} is not valid HTTP; left out of the replay`);
+      continue;
+    }
+    headers.push([lower, value]);
+  }
+  const h = spec.http().headers;
+  headers.push([h.replayed, h.replayed_value]);
+  return { status: stored.status, headers, body: stored.body };
+}
+
+/** The header's lines in a request. */
+export function lines(request: HttpRequest, name: string): Buffer[] {
+  return request.headers.filter(([n]) => n === name).map(([, v]) => v);
+}
+
+/** The flow; one per application, shared by every request. */
+export class Idempotency {
+  readonly client: IdemClient;
+  readonly readThrough: ReadThrough | undefined;
+  readonly methods: ReadonlySet<string>;
+  readonly header: string;
+  readonly required: boolean;
+  readonly tenant: ((request: HttpRequest) => string | null) | undefined;
+  readonly keyPrefix: string;
+  readonly ttlMs: number;
+  readonly leaseMs: number;
+  readonly waitMs: number | undefined;
+  readonly maxRequestBody: number;
+  readonly maxResponseBody: number;
+  readonly storedHeaders: readonly string[];
+  readonly storePolicy: (status: number) => boolean;
+  readonly failOpen: boolean;
+  readonly storeRetryMs: number;
+  readonly fingerprinter: Fingerprinter;
+  readonly maxRetryAfterMs: number;
+  readonly tableLayout: Layout;
+  readonly logger: Logger;
+  private readonly background = new Set<Promise<unknown>>();
+
+  constructor(options: IdempotencyOptions) {
+    const d = spec.http().defaults;
+    if (options.tenant !== undefined && options.tenantHeader !== undefined) throw new TypeError("give tenant or tenantHeader, not both");
+    this.client = options.client;
+    this.readThrough = options.readThrough;
+    this.methods = new Set((options.methods ?? d.methods).map((m) => m.toUpperCase()));
+    this.header = (options.header ?? d.header).toLowerCase();
+    this.required = options.required ?? d.required;
+    const tenantHeader = options.tenantHeader?.toLowerCase();
+    this.tenant = tenantHeader !== undefined ? (r) => tenantOfLines(lines(r, tenantHeader)) : options.tenant;
+    this.keyPrefix = options.keyPrefix ?? d.key_prefix;
+    this.ttlMs = options.ttlMs ?? d.ttl_ms;
+    this.leaseMs = options.leaseMs ?? d.lease_ms;
+    this.waitMs = options.waitForResultMs;
+    this.maxRequestBody = options.maxRequestBody ?? d.max_request_body;
+    this.maxResponseBody = options.maxResponseBody ?? d.max_response_body;
+    this.storedHeaders = (options.storedHeaders ?? d.stored_headers).map((n) => n.toLowerCase());
+    this.storePolicy = options.storePolicy ?? defaultStorePolicy;
+    this.failOpen = options.failOpen ?? d.fail_open;
+    this.storeRetryMs = options.storeRetryMs ?? d.store_retry_ms;
+    this.fingerprinter = options.fingerprinter ?? new Fingerprinter({ canonicalJson: d.canonical_json });
+    this.maxRetryAfterMs = options.maxRetryAfterMs ?? d.max_retry_after_ms;
+    this.tableLayout = options.tableLayout ?? "unpartitioned";
+    this.logger = options.logger ?? console;
+  }
+
+  /** Whether requests of this method go through the flow. */
+  covers(method: string): boolean {
+    return this.methods.has(method.toUpperCase());
+  }
+
+  /** The key header's lines, parsed: null when absent; throws InvalidKeyError. */
+  keyOf(request: HttpRequest): string | null {
+    return parseKey(lines(request, this.header));
+  }
+
+  /** Settles until every background store (responses Redis refused for now) has ended. */
+  async drain(): Promise<void> {
+    while (this.background.size > 0) await Promise.allSettled([...this.background]);
+  }
+
+  keep(task: Promise<unknown>): void {
+    this.background.add(task);
+    void task.finally(() => this.background.delete(task));
+  }
+
+  /** The first step of a request whose whole body has arrived. */
+  async start(request: HttpRequest): Promise<Start> {
+    if (!this.covers(request.method)) return { kind: "pass" };
+    let key: string | null;
+    try {
+      key = this.keyOf(request);
+    } catch (err) {
+      if (err instanceof InvalidKeyError) return { kind: "respond", response: problem("invalid_key", { detail: err.detail }) };
+      throw err;
+    }
+    if (key === null) return this.required ? { kind: "respond", response: problem("missing_key") } : { kind: "pass" };
+    if (request.body.length > this.maxRequestBody) return { kind: "respond", response: problem("request_too_large") };
+    const tenant = this.tenant?.(request) ?? "";
+    const rkey = redisKey(this.keyPrefix, tenant, key);
+    const fingerprint = this.fingerprinter.fingerprint(request.method, request.target, request.headers, request.body);
+    let outcome: Outcome;
+    try {
+      outcome = await this.begin(rkey, fingerprint);
+    } catch (err) {
+      if (!(err instanceof IdemError)) throw err;
+      if (err.isUnreachable && this.failOpen) {
+        this.logger.warn(`idempotency store unavailable; running unprotected: ${err.message}`);
+        return { kind: "pass" };
+      }
+      if (err.isTransient) {
+        this.logger.warn(`idempotency store unavailable; answering 503: ${err.message}`);
+        return { kind: "respond", response: problem("unavailable") };
+      }
+      this.logger.error(`IDEM.BEGIN failed: ${err.message}`);
+      return { kind: "respond", response: problem("internal") };
+    }
+    if (outcome.kind === "new") return { kind: "run", run: new Run(this, rkey, outcome.token, fingerprint) };
+    return { kind: "respond", response: this.answer(outcome) };
+  }
+
+  async begin(key: string, fingerprint: Buffer): Promise<Outcome> {
+    const options = { ttlMs: this.ttlMs, leaseMs: this.leaseMs, waitMs: this.waitMs };
+    if (this.readThrough !== undefined) return this.readThrough.begin(this.client, key, fingerprint, options);
+    return this.client.begin(key, fingerprint, options);
+  }
+
+  answer(outcome: InFlight | Replay | Mismatch): HttpResponse {
+    if (outcome.kind === "in_flight") return this.inFlight(outcome.retryAfterMs);
+    if (outcome.kind === "replay") return replayResponse(outcome.response, this.logger);
+    return problem("mismatch");
+  }
+
+  inFlight(retryAfterMs: number): HttpResponse {
+    return problem("in_flight", { retryAfter: retryAfterHeader(Math.min(retryAfterMs, this.maxRetryAfterMs)) });
+  }
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+const defaultsMs = (name: "store_at_once_ms" | "store_pause_first_ms" | "store_pause_max_ms"): number => spec.http().defaults[name];
+
+/** The key a request holds while its handler runs: its lease, its fence, and how it is settled. */
+export class Run {
+  readonly context: IdempotencyContext;
+  private readonly flow: Idempotency;
+  private readonly report = new FenceReport();
+  private renewal: NodeJS.Timeout | undefined;
+  private settled = false;
+
+  constructor(flow: Idempotency, key: string, token: bigint, fingerprint: Buffer) {
+    this.flow = flow;
+    const fence = new Fence(key, token, fingerprint, flow.ttlMs, { leaseMs: flow.leaseMs, layout: flow.tableLayout });
+    fence.report = this.report;
+    this.context = { key, token, fingerprint, ttlMs: flow.ttlMs, fence };
+    this.keepLease();
+  }
+
+  get fence(): Fence {
+    return this.context.fence;
+  }
+  private get key(): string {
+    return this.context.key;
+  }
+
+  /** TOUCH every third of the lease (at least 10 ms) until the handler ends or the key is no longer ours. */
+  private keepLease(): void {
+    const every = Math.max(this.flow.leaseMs / 3, 10);
+    const tick = async (): Promise<void> => {
+      if (this.settled) return;
+      try {
+        await this.flow.client.touch(this.key, this.context.token, this.flow.leaseMs);
+      } catch (err) {
+        if (err instanceof StaleError || err instanceof NotFoundError || err instanceof CompletedError) {
+          this.flow.logger.warn(`${this.key}: lease lost while the handler runs: ${err.message}`);
+          return;
+        }
+        this.flow.logger.warn(`${this.key}: lease renewal failed; retrying: ${String(err)}`);
+      }
+      this.renewal = setTimeout(() => void tick(), every);
+    };
+    this.renewal = setTimeout(() => void tick(), every);
+  }
+
+  private stop(): void {
+    this.settled = true;
+    clearTimeout(this.renewal);
+  }
+
+  /** The response outgrew maxResponseBody: it is sent, not stored; the key is released unless the fence was used. */
+  async overflowed(): Promise<void> {
+    this.stop();
+    this.flow.logger.warn(`${this.key}: response larger than maxResponseBody: sent, not stored`);
+    if (this.report.kind === "unused") await this.release();
+    else await this.settleFence();
+  }
+
+  /** The handler failed without a response (it threw): the key is settled so a retry can run. */
+  async failed(): Promise<void> {
+    this.stop();
+    if (this.report.kind !== "unused") await this.settleFence();
+    else await this.release();
+  }
+
+  /** The handler's response: answers what the client gets (the handler's own, or the key's answer when the key was lost meanwhile). */
+  async finish(response: HttpResponse): Promise<HttpResponse> {
+    this.stop();
+    if (this.report.kind !== "unused") return (await this.settleFence()) ?? response;
+    if (!this.flow.storePolicy(response.status)) {
+      await this.release();
+      return response;
+    }
+    const stored: StoredResponse = {
+      status: response.status,
+      body: response.body,
+      headers: this.flow.storedHeaders.flatMap((name) =>
+        response.headers.filter(([n]) => n.toLowerCase() === name).map(([, v]): [string, Buffer] => [name, Buffer.from(v)]),
+      ),
+    };
+    return (await this.store(stored)) ?? response;
+  }
+
+  /** Settles a key whose handler used the fence; an answer when the client gets the fence's instead of the handler's response. */
+  private async settleFence(): Promise<HttpResponse | null> {
+    const report = this.report;
+    if (report.kind === "committed" && report.committed !== null) {
+      await this.storeCommitted(report.committed);
+      return null;
+    }
+    const claim: Claim | null = report.claim;
+    if (report.kind === "decided" && claim !== null && claim.kind !== "proceed") {
+      if (claim.kind === "replay") {
+        await this.refill(claim.response);
+        return replayResponse(claim.response, this.flow.logger);
+      }
+      await this.release();
+      return claim.kind === "in_flight" ? this.flow.inFlight(claim.retryAfterMs) : problem("mismatch");
+    }
+    // Claimed but not committed through the fence: nothing happened, or a retry's claim finds out. A durable
+    // claim is given up first, so the retry Redis lets in next proceeds at once.
+    if (report.kind === "claimed" && report.pool !== null) {
+      try {
+        await this.fence.release(report.pool);
+      } catch (err) {
+        this.flow.logger.warn(`${this.key}: could not release the fence's claim; it ends with its lease: ${String(err)}`);
+      }
+    }
+    await this.release();
+    return null;
+  }
+
+  /** The fence committed `stored`: put it into Redis (MIRRORED). */
+  private async storeCommitted(stored: StoredResponse): Promise<void> {
+    try {
+      await this.complete(this.context.token, stored, Date.now() + defaultsMs("store_at_once_ms"), false, "mirror");
+    } catch (err) {
+      this.flow.logger.warn(`${this.key}: the fenced response is committed in Postgres; Redis did not take it: ${String(err)}`);
+    }
+  }
+
+  private async refill(stored: StoredResponse): Promise<void> {
+    try {
+      await this.flow.client.complete(this.key, this.context.token, stored, "mirror");
+    } catch (err) {
+      if (!(err instanceof IdemError)) throw err;
+      this.flow.logger.warn(`${this.key}: could not refill redis from the fence's row: ${err.message}`);
+      await this.release();
+    }
+  }
+
+  /** ABORT; a failure leaves the key to lapse with its lease. */
+  async release(token: bigint = this.context.token): Promise<void> {
+    try {
+      await this.flow.client.abort(this.key, token);
+    } catch (err) {
+      this.flow.logger.warn(`${this.key}: ABORT failed; the key frees itself when its lease lapses: ${String(err)}`);
+    }
+  }
+
+  /** Stores the handler's response; an answer when the key's answer is not the handler's own (taken over or lost meanwhile). */
+  private async store(stored: StoredResponse): Promise<HttpResponse | null> {
+    try {
+      await this.complete(this.context.token, stored, Date.now() + defaultsMs("store_at_once_ms"));
+      return null;
+    } catch (err) {
+      if (!(err instanceof IdemError)) throw err;
+      if (err.isTransient) {
+        this.flow.logger.warn(`${this.key}: COMPLETE failed: the response is sent, storing it goes on in the background: ${err.message}`);
+        this.storeInBackground(this.context.token, stored);
+        return null;
+      }
+      return this.settleStoreError(err, stored, this.context.token);
+    }
+  }
+
+  private async settleStoreError(err: IdemError, stored: StoredResponse, token: bigint): Promise<HttpResponse | null> {
+    if (err instanceof StaleError || err instanceof NotFoundError) {
+      this.flow.logger.warn(`${this.key}: the key was taken over or lost before COMPLETE: ${err.message}`);
+      return this.answerAgain(stored);
+    }
+    if (err.isTransient) {
+      this.flow.logger.error(`${this.key}: gave up storing the response: ${err.message}`);
+      return null;
+    }
+    this.flow.logger.error(`${this.key}: COMPLETE refused; response sent, not stored, key released: ${err.message}`);
+    await this.release(token);
+    return null;
+  }
+
+  /** COMPLETE, retried while Redis is unavailable until `giveUp`; after an attempt whose fate is unknown, COMPLETED is its own write. */
+  private async complete(token: bigint, stored: StoredResponse, giveUp: number, uncertain = false, origin: "handler" | "mirror" = "handler"): Promise<void> {
+    let pause = defaultsMs("store_pause_first_ms");
+    for (;;) {
+      try {
+        await this.flow.client.complete(this.key, token, stored, origin);
+        return;
+      } catch (err) {
+        if (err instanceof CompletedError && uncertain) return;
+        if (!(err instanceof IdemError)) throw err;
+        const now = Date.now();
+        if (!err.isTransient || now >= giveUp) throw err;
+        uncertain = true;
+        await sleep(Math.min(pause, giveUp - now));
+        pause = Math.min(pause * 2, defaultsMs("store_pause_max_ms"));
+      }
+    }
+  }
+
+  private storeInBackground(token: bigint, stored: StoredResponse): void {
+    const task = (async () => {
+      try {
+        await this.complete(token, stored, Date.now() + this.flow.storeRetryMs, true);
+      } catch (err) {
+        if (err instanceof IdemError) await this.settleStoreError(err, stored, token);
+      }
+    })();
+    this.flow.keep(task);
+  }
+
+  private async answerAgain(stored: StoredResponse): Promise<HttpResponse | null> {
+    let outcome: Outcome;
+    try {
+      outcome = await this.flow.begin(this.key, this.context.fingerprint);
+    } catch (err) {
+      this.flow.logger.warn(`${this.key}: BEGIN after a failed COMPLETE failed: ${String(err)}`);
+      return null;
+    }
+    if (outcome.kind !== "new") return this.flow.answer(outcome);
+    try {
+      await this.complete(outcome.token, stored, Date.now() + defaultsMs("store_at_once_ms"));
+    } catch (err) {
+      if (err instanceof IdemError && err.isTransient) this.storeInBackground(outcome.token, stored);
+      else {
+        this.flow.logger.warn(`${this.key}: could not store the response under a new token: ${String(err)}`);
+        await this.release(outcome.token);
+      }
+    }
+    return null;
+  }
+}

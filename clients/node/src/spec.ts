@@ -1,0 +1,102 @@
+// The repository's spec/ data files, which this package reads instead of
+// copying their facts: shipped in the package as spec/ (copied at build and
+// pack time by scripts/copy-spec.mjs); in a checkout without that copy, read
+// from the repository's spec/.
+import { existsSync, readFileSync } from "node:fs";
+
+const cache = new Map<string, unknown>();
+
+function path(name: string): URL {
+  const shipped = new URL(`../spec/${name}`, import.meta.url);
+  if (existsSync(shipped)) return shipped;
+  return new URL(`../../../spec/${name}`, import.meta.url);
+}
+
+/** One spec file, parsed (`errors.json`, `http.json`, `fence.json`, `read_through.json`). */
+export function load(name: string): unknown {
+  let doc = cache.get(name);
+  if (doc === undefined) {
+    doc = JSON.parse(readFileSync(path(name), "utf8")) as unknown;
+    cache.set(name, doc);
+  }
+  return doc;
+}
+
+export interface ErrorsSpec {
+  module_codes: { name: string; code: string; meaning: string }[];
+  transient_codes: string[];
+  unavailable_codes: string[];
+  writes_refused_codes: string[];
+  configuration_codes: string[];
+  packed_refused_detail: string;
+}
+
+export interface Problem {
+  status: number;
+  type: string;
+  title: string;
+  detail: string | null;
+  retry_after?: string;
+}
+
+export type ProblemName =
+  | "missing_key"
+  | "invalid_key"
+  | "request_too_large"
+  | "unreadable_request"
+  | "in_flight"
+  | "mismatch"
+  | "unavailable"
+  | "internal";
+
+export interface HttpSpec {
+  headers: {
+    idempotency_key: string;
+    replayed: string;
+    replayed_value: string;
+    retry_after: string;
+    content_type: string;
+    problem_content_type: string;
+  };
+  problems: Record<ProblemName, Problem>;
+  key_errors: Record<"empty" | "too_long" | "malformed" | "repeated", string>;
+  defaults: {
+    methods: string[];
+    header: string;
+    required: boolean;
+    key_prefix: string;
+    ttl_ms: number;
+    lease_ms: number;
+    max_request_body: number;
+    max_response_body: number;
+    stored_headers: string[];
+    fail_open: boolean;
+    store_retry_ms: number;
+    store_at_once_ms: number;
+    store_pause_first_ms: number;
+    store_pause_max_ms: number;
+    max_retry_after_ms: number;
+    fence_retry_after_ms: number;
+    canonical_json: boolean;
+    call_timeout_ms: number;
+    read_through_timeout_ms: number;
+  };
+}
+
+export interface FenceSpec {
+  lock_seed: number;
+  statements: Record<
+    "claim" | "partitioned_gate" | "partitioned_claim" | "row" | "write_gate" | "complete" | "renew" | "release",
+    { params: string[]; sql: string }
+  >;
+}
+
+export interface ReadThroughSpec {
+  lookup_sql: string;
+  timeout_ms: number;
+}
+
+export const errors = (): ErrorsSpec => load("errors.json") as ErrorsSpec;
+export const http = (): HttpSpec => load("http.json") as HttpSpec;
+export const fence = (): FenceSpec => load("fence.json") as FenceSpec;
+export const readThrough = (): ReadThroughSpec => load("read_through.json") as ReadThroughSpec;

@@ -1,0 +1,203 @@
+// Test fixtures: a redis-server with the idem module on a free port (never
+// 6379 or 6390) and throwaway Postgres databases with the writer's
+// migrations (either layout), removed at the end whatever happens.
+import { spawn } from "node:child_process";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, existsSync, statSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { randomUUID } from "node:crypto";
+import { after } from "node:test";
+import pg from "pg";
+import { createClient } from "@redis/client";
+
+export const REPO = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
+export const SPEC = join(REPO, "spec");
+const RESERVED = new Set([6379, 6390]);
+
+export function loadSpec(name) {
+  return JSON.parse(readFileSync(join(SPEC, name), "utf8"));
+}
+
+/** Bytes as the spec writes them: a string (its UTF-8) or {"hex": ...}. */
+export function b(v) {
+  return typeof v === "string" ? Buffer.from(v, "utf8") : Buffer.from(v.hex, "hex");
+}
+
+export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+export function modulePath() {
+  if (process.env.IDEM_MODULE) return process.env.IDEM_MODULE;
+  const found = ["target/release/module/libidem.so", "target/release/libidem.so"]
+    .map((p) => join(REPO, p))
+    .filter((p) => existsSync(p));
+  if (found.length === 0) throw new Error("libidem.so not built: set IDEM_MODULE or run scripts/test-node.sh");
+  return found.sort((x, y) => statSync(y).mtimeMs - statSync(x).mtimeMs)[0];
+}
+
+/** A port below the kernel's ephemeral range that nothing listens on. */
+export async function freePort() {
+  let low = 32768;
+  try {
+    low = Number(readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0]);
+  } catch {
+    // keep the default
+  }
+  for (let i = 0; i < 500; i++) {
+    const port = 10000 + Math.floor(Math.random() * (Math.max(low, 11000) - 10000));
+    if (RESERVED.has(port)) continue;
+    const free = await new Promise((resolve) => {
+      const s = createServer();
+      s.once("error", () => resolve(false));
+      s.listen(port, "127.0.0.1", () => s.close(() => resolve(true)));
+    });
+    if (free) return port;
+  }
+  throw new Error("no free port");
+}
+
+const cleanups = [];
+after(async () => {
+  for (const f of cleanups.splice(0).reverse()) await f();
+});
+for (const signal of ["SIGINT", "SIGTERM"]) {
+  process.once(signal, async () => {
+    for (const f of cleanups.splice(0).reverse()) await f();
+    process.exit(130);
+  });
+}
+/** Runs `f` when the test file ends (also on failure). */
+export function cleanup(f) {
+  cleanups.push(f);
+}
+
+/** A redis-server with the module, stopped when the file's tests end. */
+export async function startRedis(...moduleArgs) {
+  const port = await freePort();
+  const dir = mkdtempSync(join(tmpdir(), "idem-node-redis-"));
+  const server = {
+    port,
+    dir,
+    url: `redis://127.0.0.1:${port}/`,
+    proc: null,
+    async start() {
+      this.proc = spawn(
+        process.env.IDEM_REDIS_SERVER ?? "redis-server",
+        ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir,
+          "--logfile", join(dir, "redis.log"), "--enable-debug-command", "yes", "--loadmodule", modulePath(), ...moduleArgs],
+        { stdio: "ignore" },
+      );
+      const deadline = Date.now() + 20000;
+      while (Date.now() < deadline) {
+        if (this.proc.exitCode !== null) throw new Error(`redis-server exited: ${this.log()}`);
+        try {
+          const c = createClient({ url: this.url, socket: { reconnectStrategy: false } });
+          c.on("error", () => undefined);
+          await c.connect();
+          await c.ping();
+          await c.close();
+          return;
+        } catch {
+          await sleep(20);
+        }
+      }
+      throw new Error(`redis-server not ready: ${this.log()}`);
+    },
+    async stop() {
+      if (this.proc !== null && this.proc.exitCode === null) {
+        const exited = new Promise((resolve) => this.proc.once("exit", resolve));
+        this.proc.kill("SIGKILL");
+        await exited;
+      }
+      this.proc = null;
+    },
+    log() {
+      try {
+        return readFileSync(join(dir, "redis.log"), "utf8");
+      } catch {
+        return "";
+      }
+    },
+    /** A plain node-redis client for the test's own commands. */
+    async raw() {
+      const c = createClient({ url: this.url });
+      c.on("error", () => undefined);
+      await c.connect();
+      cleanup(() => (c.isOpen ? c.close() : undefined));
+      return c;
+    },
+  };
+  cleanup(async () => {
+    await server.stop();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  await server.start();
+  return server;
+}
+
+export const ADMIN_URL = process.env.DATABASE_URL ?? "postgresql://postgres@127.0.0.1:5432/postgres";
+
+function withDb(url, name) {
+  const u = new URL(url);
+  u.pathname = `/${name}`;
+  return u.toString();
+}
+
+async function admin(sql) {
+  const c = new pg.Client({ connectionString: ADMIN_URL });
+  await c.connect();
+  try {
+    await c.query(sql);
+  } finally {
+    await c.end();
+  }
+}
+
+/** The writer's migrations for `layout`, in order (crates/idem-writer/migrations). */
+export function migrations(layout = "unpartitioned") {
+  const dir = join(REPO, "crates/idem-writer/migrations");
+  const files = readdirSync(dir).filter((f) => f.endsWith(".sql")).sort();
+  const first = layout === "partitioned" ? "0001_idempotency_keys_partitioned.sql" : "0001_idempotency_keys.sql";
+  return [first, ...files.filter((f) => !f.startsWith("0001_"))].map((f) => readFileSync(join(dir, f), "utf8"));
+}
+
+/** A database of its own with idempotency_keys (and a payments table for the fence), dropped when the file's tests end. */
+export async function database(layout = "unpartitioned") {
+  const name = `idem_node_${randomUUID().replaceAll("-", "").slice(0, 12)}`;
+  await admin(`CREATE DATABASE "${name}"`);
+  const url = withDb(ADMIN_URL, name);
+  const pools = [];
+  cleanup(async () => {
+    for (const p of pools) await p.end().catch(() => undefined);
+    await admin(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
+  });
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    for (const sql of migrations(layout)) await c.query(sql);
+    await c.query("CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, amount INT)");
+    if (layout === "partitioned") {
+      await c.query(
+        "CREATE TABLE idempotency_keys_all PARTITION OF idempotency_keys FOR VALUES FROM (MINVALUE) TO ('9999-12-31 00:00:00+00')",
+      );
+    }
+  } finally {
+    await c.end();
+  }
+  return {
+    url,
+    name,
+    pool(max = 8) {
+      const p = new pg.Pool({ connectionString: url, max });
+      p.on("error", () => undefined);
+      pools.push(p);
+      return p;
+    },
+  };
+}
+
+/** A key no other test uses. */
+export function key() {
+  return `idem:{t:${randomUUID().replaceAll("-", "")}}`;
+}
