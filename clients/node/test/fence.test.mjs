@@ -1,0 +1,228 @@
+// The Postgres fence on the writer's table, in both layouts: durable claims
+// with a lease, completion only while held, takeover after the lease (the
+// lost holder commits nothing), release, hold, the one-transaction shape,
+// concurrency, and the idle timeout that frees a frozen claimer's gate (run
+// once without it: teeth).
+import { test, before } from "node:test";
+import assert from "node:assert/strict";
+import pg from "pg";
+import * as idem from "../dist/index.js";
+import { database, key, sleep } from "./helpers.mjs";
+
+const CREATED = idem.storedResponse(201, '{"id":1}', [["content-type", "application/json"]]);
+const IN_FLIGHT = { kind: "in_flight", retryAfterMs: 1000 };
+const PROCEED = { kind: "proceed" };
+const COMMITTED = { kind: "committed" };
+let nextToken = 1_000_000n;
+const token = () => nextToken++;
+const fp = (s) => Buffer.from(s);
+
+const dbs = {};
+before(async () => {
+  dbs.unpartitioned = await database("unpartitioned");
+  dbs.partitioned = await database("partitioned");
+});
+
+async function pay(conn, k, amount = 10) {
+  await conn.query("INSERT INTO payments (key, amount) VALUES ($1, $2)", [k, amount]);
+}
+
+async function payments(pool, k) {
+  const { rows } = await pool.query("SELECT count(*)::int AS n FROM payments WHERE key = $1", [k]);
+  return rows[0].n;
+}
+
+/** BEGIN on a pooled client, `f`, then release. */
+async function inTransaction(pool, f) {
+  const conn = await pool.connect();
+  try {
+    await conn.query("BEGIN");
+    return await f(conn);
+  } finally {
+    await conn.query("ROLLBACK").catch(() => undefined);
+    conn.release();
+  }
+}
+
+for (const layout of ["unpartitioned", "partitioned"]) {
+  const fence = (k, t, f, options = {}) => new idem.Fence(k, t, fp(f), 60_000, { layout, ...options });
+
+  test(`${layout}: claim, commit, replay; a live claim keeps others out`, async () => {
+    const pool = dbs[layout].pool();
+    const k = key();
+    const holder = fence(k, token(), "fp", { leaseMs: 30_000 });
+    assert.deepEqual(await holder.claim(pool), PROCEED);
+    // While the lease runs, another holder (a retry Redis let in) waits.
+    assert.deepEqual(await fence(k, token(), "fp").claim(pool), IN_FLIGHT);
+    assert.deepEqual(await fence(k, token(), "other").claim(pool), { kind: "mismatch" });
+    await inTransaction(pool, async (conn) => {
+      await pay(conn, k);
+      assert.deepEqual(await holder.commit(conn, CREATED), COMMITTED);
+    });
+    assert.equal(await payments(pool, k), 1);
+    assert.deepEqual(await fence(k, token(), "fp").claim(pool), { kind: "replay", response: CREATED });
+    assert.deepEqual(await fence(k, token(), "other").claim(pool), { kind: "mismatch" });
+    // Claiming again with the holder's own token is idempotent until completed.
+    const same = fence(key(), token(), "fp");
+    assert.deepEqual(await same.claim(pool), PROCEED);
+    assert.deepEqual(await same.claim(pool), PROCEED);
+  });
+
+  test(`${layout}: the claim lasts its lease; then a retry takes over and the lost holder commits nothing`, async () => {
+    const pool = dbs[layout].pool();
+    const k = key();
+    const slow = fence(k, token(), "fp", { leaseMs: 300 });
+    assert.deepEqual(await slow.claim(pool), PROCEED);
+    await sleep(150);
+    assert.deepEqual(await fence(k, token(), "fp").claim(pool), IN_FLIGHT, "within the lease");
+    await sleep(250);
+    const retry = fence(k, token(), "fp", { leaseMs: 30_000 });
+    assert.deepEqual(await retry.claim(pool), PROCEED);
+    await inTransaction(pool, async (conn) => {
+      await pay(conn, k);
+      assert.deepEqual(await slow.commit(conn, CREATED), { kind: "lost", claim: IN_FLIGHT });
+    });
+    assert.equal(await payments(pool, k), 0, "the stale holder's effect rolled back");
+    const answer = idem.storedResponse(201, "retry");
+    await inTransaction(pool, async (conn) => {
+      await pay(conn, k);
+      assert.deepEqual(await retry.commit(conn, answer), COMMITTED);
+    });
+    assert.equal(await payments(pool, k), 1);
+    // The stale holder now finds the retry's answer.
+    await inTransaction(pool, async (conn) => {
+      assert.deepEqual(await slow.commit(conn, CREATED), { kind: "lost", claim: { kind: "replay", response: answer } });
+    });
+  });
+
+  test(`${layout}: release lets the next claim proceed at once; hold renews the lease`, async () => {
+    const pool = dbs[layout].pool();
+    const k = key();
+    const first = fence(k, token(), "fp", { leaseMs: 30_000 });
+    assert.deepEqual(await first.claim(pool), PROCEED);
+    await first.release(pool);
+    assert.deepEqual(await fence(k, token(), "fp").claim(pool), PROCEED);
+
+    const h = key();
+    const holder = fence(h, token(), "fp", { leaseMs: 300 });
+    assert.deepEqual(await holder.claim(pool), PROCEED);
+    await sleep(200);
+    await inTransaction(pool, async (conn) => {
+      assert.deepEqual(await holder.hold(conn), { kind: "held" });
+      await conn.query("COMMIT");
+    });
+    await sleep(200); // past the first lease, within the renewed one
+    assert.deepEqual(await fence(h, token(), "fp").claim(pool), IN_FLIGHT);
+  });
+
+  test(`${layout}: the one-transaction shape (claimIn): a rollback takes the claim with it`, async () => {
+    const pool = dbs[layout].pool();
+    const k = key();
+    await inTransaction(pool, async (conn) => {
+      assert.deepEqual(await fence(k, token(), "fp").claimIn(conn), PROCEED);
+      await pay(conn, k);
+    });
+    const second = fence(k, token(), "fp");
+    await inTransaction(pool, async (conn) => {
+      assert.deepEqual(await second.claimIn(conn), PROCEED);
+      // An open holder's transaction makes others InFlight at once.
+      assert.deepEqual(await fence(k, token(), "fp").claim(pool), IN_FLIGHT);
+      await pay(conn, k);
+      assert.deepEqual(await second.commit(conn, CREATED), COMMITTED);
+    });
+    assert.equal(await payments(pool, k), 1);
+    assert.deepEqual(await fence(k, token(), "fp").claim(pool), { kind: "replay", response: CREATED });
+  });
+
+  test(`${layout}: twelve concurrent holders commit one effect`, async () => {
+    const pool = dbs[layout].pool(12);
+    const k = key();
+    const answers = await Promise.all(
+      Array.from({ length: 12 }, async () => {
+        const f = fence(k, token(), "fp", { leaseMs: 30_000 });
+        const claim = await f.claim(pool);
+        if (claim.kind !== "proceed") return claim;
+        return inTransaction(pool, async (conn) => {
+          await pay(conn, k);
+          return f.commit(conn, CREATED);
+        });
+      }),
+    );
+    assert.equal(await payments(pool, k), 1);
+    assert.equal(answers.filter((a) => a.kind === "committed").length, 1);
+    for (const a of answers) assert.ok(["committed", "in_flight", "replay"].includes(a.kind), JSON.stringify(a));
+  });
+
+  test(`${layout}: a durable claim through one client outside a transaction`, async () => {
+    const conn = new pg.Client({ connectionString: dbs[layout].url });
+    await conn.connect();
+    try {
+      await conn.query("SET default_transaction_isolation = 'repeatable read'");
+      const k = key();
+      const f = fence(k, token(), "fp");
+      assert.deepEqual(await f.claim(conn), PROCEED);
+      assert.deepEqual(await fence(k, token(), "fp").claim(conn), IN_FLIGHT);
+      await f.release(conn);
+      assert.deepEqual(await fence(k, token(), "fp").claim(conn), PROCEED);
+    } finally {
+      await conn.end();
+    }
+  });
+}
+
+test("the downstream key follows the request, not the token", () => {
+  const first = new idem.Fence("idem:{a:k}", 10n, fp("fp"), 60_000);
+  assert.equal(first.downstreamKey(), new idem.Fence("idem:{a:k}", 20n, fp("fp"), 60_000).downstreamKey());
+  assert.equal(first.downstreamKey(), idem.downstreamKey("idem:{a:k}", fp("fp")));
+  assert.notEqual(first.downstreamKey(), new idem.Fence("idem:{a:k}", 30n, fp("x"), 60_000).downstreamKey());
+  assert.throws(() => new idem.Fence("k", 0n, fp("fp"), 60_000), /positive/);
+});
+
+test("partitioned: a stricter transaction is refused, and the default layout's claim says the table is partitioned", async () => {
+  const pool = dbs.partitioned.pool();
+  await inTransaction(pool, async (conn) => {
+    await conn.query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+    await assert.rejects(new idem.Fence(key(), token(), fp("fp"), 60_000, { layout: "partitioned" }).claimIn(conn), /READ COMMITTED/);
+  });
+  await assert.rejects(new idem.Fence(key(), token(), fp("fp"), 60_000).claim(pool), (err) => err instanceof idem.PostgresError && /looks partitioned/.test(err.message));
+});
+
+/** A partitioned claimer that freezes between its two statements; answers what a retry's claim finds meanwhile. */
+async function frozenClaimer(idleTimeoutMs) {
+  const url = dbs.partitioned.url;
+  const k = key();
+  const frozen = new idem.Fence(k, token(), fp("fp"), 60_000, { leaseMs: 400, idleTimeoutMs, layout: "partitioned" });
+  const raw = frozen.raw.bind(frozen);
+  frozen.raw = async (conn, name, params) => {
+    const row = await raw(conn, name, params);
+    if (name === "partitioned_gate") await sleep(2000);
+    return row;
+  };
+  const conn = new pg.Client({ connectionString: url });
+  conn.on("error", () => undefined);
+  await conn.connect();
+  const claiming = frozen.claim(conn).then(() => null, (err) => err);
+  await sleep(1200); // well past the idle timeout, the claimer still frozen
+  const other = new pg.Client({ connectionString: url });
+  await other.connect();
+  let retry;
+  try {
+    retry = await new idem.Fence(k, token(), fp("fp"), 60_000, { layout: "partitioned" }).claim(other);
+  } finally {
+    await other.end();
+  }
+  const error = await claiming;
+  await conn.end().catch(() => undefined);
+  return { retry, error };
+}
+
+test("partitioned: a frozen claimer holds the gate no longer than its idle timeout", async () => {
+  const { retry, error } = await frozenClaimer("lease");
+  assert.deepEqual(retry, PROCEED, "the frozen claimer still held the gate");
+  assert.ok(error instanceof idem.PostgresError, "Postgres ended the frozen claimer's session");
+});
+
+test("partitioned, teeth: without the idle timeout the frozen claimer keeps the key", async () => {
+  const { retry } = await frozenClaimer(null);
+  assert.deepEqual(retry, IN_FLIGHT);
+});
