@@ -1,0 +1,2 @@
+"""The conformance suite's runner: one interpreter for the scenarios in
+``conformance/scenarios`` against every example app (``conformance/apps.json``)."""

@@ -1,0 +1,8 @@
+"""Makes ``runner`` importable when pytest runs from ``conformance/``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -1,0 +1,52 @@
+"""The FastAPI application: ``POST /payments`` and ``GET /payments/{id}``
+behind ``IdempotencyMiddleware`` (keys scoped by ``X-Account-Id``, JSON
+bodies canonicalized, read-through from the mirror when ``READ_THROUGH`` is
+on), as ``examples/payments-api/src/lib.rs`` configures the Rust layer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import idem.asyncio
+from fastapi import FastAPI
+from idem.middleware import IdempotencyMiddleware
+from idem.read_through import AsyncReadThrough
+
+from payments_app import db, payments
+from payments_app.processor import Processor
+from payments_app.settings import Settings
+
+ACCOUNT_HEADER = "x-account-id"
+"""Header that scopes idempotency keys per account."""
+
+
+def create_app(settings: Settings) -> FastAPI:
+    pool = db.pool(settings.database_url, settings.pool_size)
+    client = idem.asyncio.IdemClient.from_url(settings.redis_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await pool.open(wait=True, timeout=db.POOL_TIMEOUT)
+        try:
+            await db.migrate(pool, settings.database_url)
+            yield
+        finally:
+            await pool.close()
+            await client.aclose()
+
+    app = FastAPI(title="payments (idem example)", lifespan=lifespan, openapi_url=None)
+    app.state.payments = payments.State(
+        db=pool, processor=Processor(pool, settings.processor_delay), fence=settings.fence
+    )
+    app.add_api_route("/payments", payments.create_payment, methods=["POST"])
+    app.add_api_route("/payments/{id}", payments.get_payment, methods=["GET"])
+    app.add_middleware(
+        IdempotencyMiddleware,
+        client=client,
+        read_through=AsyncReadThrough(pool) if settings.read_through else None,
+        tenant_header=ACCOUNT_HEADER,
+        lease=settings.lease,
+        wait_for_result=settings.wait,
+    )
+    return app

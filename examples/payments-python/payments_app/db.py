@@ -1,0 +1,151 @@
+"""The example's Postgres side, as ``examples/payments-api/src/db.rs``: the
+connection pool, its own migration (``payments``, and the processor's
+``processor_charges``) and its queries. ``idempotency_keys`` is the writer's:
+when it is missing, ``idem-writer migrate`` creates it (as the Rust example
+calls ``idem_writer::migrate``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from payments_app import processor
+
+MIGRATION_LOCK_ID = 0x7061_796D_656E_7473
+"""Transaction-scoped advisory lock serialising concurrent migrations (db.rs)."""
+
+CREATE_PAYMENTS = """CREATE TABLE IF NOT EXISTS payments (
+    id         BIGSERIAL   PRIMARY KEY,
+    amount     BIGINT      NOT NULL CHECK (amount > 0),
+    currency   TEXT        NOT NULL,
+    recipient  TEXT        NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)"""
+
+CREATED_AT = "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+"""``created_at`` as RFC 3339 UTC with microseconds, formatted by Postgres."""
+
+INSERT = (
+    "INSERT INTO payments (amount, currency, recipient) VALUES (%s, %s, %s) "
+    f"RETURNING id, amount, currency, recipient, {CREATED_AT}"
+)
+FIND = f"SELECT id, amount, currency, recipient, {CREATED_AT} FROM payments WHERE id = %s"
+
+POOL_TIMEOUT = 5.0
+"""Bound on opening a connection and on waiting for a free one (seconds)."""
+TCP_USER_TIMEOUT_MS = 10_000
+"""Bound on unacknowledged bytes to Postgres: a lost link fails a statement
+after this instead of TCP's retransmissions (about 15 minutes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Payment:
+    id: int
+    amount: int
+    currency: str
+    recipient: str
+    created_at: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class MissingSchema(RuntimeError):
+    """``idempotency_keys`` is not there: the writer's migrations have not run."""
+
+
+def pool(database_url: str, max_size: int) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+    """A pool of up to ``max_size`` connections to ``database_url`` (not open yet)."""
+    return AsyncConnectionPool(
+        database_url,
+        min_size=1,
+        max_size=max_size,
+        timeout=POOL_TIMEOUT,
+        kwargs={"connect_timeout": int(POOL_TIMEOUT), "tcp_user_timeout": TCP_USER_TIMEOUT_MS},
+        open=False,
+    )
+
+
+def writer_binary() -> str | None:
+    """``$IDEM_WRITER``, the workspace's release build, or ``idem-writer`` on PATH."""
+    if env := os.environ.get("IDEM_WRITER"):
+        return env
+    built = Path(__file__).resolve().parents[3] / "target/release/idem-writer"
+    return str(built) if built.exists() else shutil.which("idem-writer")
+
+
+async def migrate_writer(database_url: str) -> None:
+    """``idem-writer migrate``: the writer's migrations (``idempotency_keys``)."""
+    writer = writer_binary()
+    if writer is None:
+        raise MissingSchema(
+            "idempotency_keys is missing and no idem-writer was found to create it: "
+            "run `idem-writer migrate --database-url ...` or set IDEM_WRITER"
+        )
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    proc = await asyncio.create_subprocess_exec(
+        writer, "migrate", "--database-url", database_url,
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await proc.communicate()
+    if proc.returncode != 0:
+        raise MissingSchema(f"idem-writer migrate failed: {stderr.decode(errors='replace')}")
+
+
+async def migrate(
+    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], database_url: str
+) -> None:
+    """Creates the writer's ``idempotency_keys`` (through ``idem-writer
+    migrate``), ``payments`` and ``processor_charges`` when missing; safe to
+    run concurrently."""
+    async with pool.connection() as conn:
+        cursor = await conn.execute("SELECT to_regclass('idempotency_keys') IS NOT NULL")
+        row = await cursor.fetchone()
+    if row is None or not row[0]:
+        await migrate_writer(database_url)
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
+        await conn.execute(CREATE_PAYMENTS)
+        await conn.execute(processor.CREATE_CHARGES)
+
+
+def _payment(row: tuple[Any, ...] | None) -> Payment:
+    if row is None:
+        raise RuntimeError("the insert answered no row")
+    return Payment(int(row[0]), int(row[1]), str(row[2]), str(row[3]), str(row[4]))
+
+
+async def insert_payment(
+    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+    amount: int,
+    currency: str,
+    recipient: str,
+) -> Payment:
+    """Inserts a payment in its own transaction."""
+    async with pool.connection() as conn:
+        return await insert_payment_in(conn, amount, currency, recipient)
+
+
+async def insert_payment_in(
+    conn: psycopg.AsyncConnection[Any], amount: int, currency: str, recipient: str
+) -> Payment:
+    """Inserts a payment in ``conn``'s transaction (the fenced path: it
+    commits with the idempotency row)."""
+    cursor = await conn.execute(INSERT, (amount, currency, recipient))
+    return _payment(await cursor.fetchone())
+
+
+async def find_payment(
+    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], id_: int
+) -> Payment | None:
+    async with pool.connection() as conn:
+        cursor = await conn.execute(FIND, (id_,))
+        row = await cursor.fetchone()
+    return None if row is None else _payment(row)

@@ -1,0 +1,105 @@
+"""Settings from the environment, as ``examples/payments-api/src/config.rs``
+reads them: the same names, defaults and refusals."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+Lookup = Callable[[str], str | None]
+
+
+class SettingsError(ValueError):
+    """A variable is missing or does not parse; the service does not start."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    redis_url: str
+    database_url: str
+    port: int
+    """The API listens on 127.0.0.1:``port``."""
+    read_through: bool
+    wait: float | None
+    """Duplicates wait this long (seconds) for the original's answer; off when None."""
+    lease: float
+    """Seconds."""
+    pool_size: int
+    processor_delay: float
+    """Simulated payment-processor latency per new payment (seconds; 0 = none)."""
+    fence: bool
+    """Commit each new payment with its idempotency row (the fence)."""
+
+    @staticmethod
+    def from_env(env: Mapping[str, str]) -> Settings:
+        return Settings.from_lookup(env.get)
+
+    @staticmethod
+    def from_lookup(get: Lookup) -> Settings:
+        redis_url = get("REDIS_URL") or "redis://127.0.0.1:6390/"
+        database_url = get("DATABASE_URL")
+        if database_url is None:
+            raise SettingsError("DATABASE_URL is not set")
+        port = _number(get, "PORT", "is not a port", 8080, 0, 65535)
+        read_through = _switch(get, "READ_THROUGH")
+        fence = _switch(get, "FENCE")
+        wait_ms = _millis(get, "WAIT_MS")
+        lease_ms = _millis(get, "LEASE_MS")
+        pool_size = _number(get, "PG_POOL_SIZE", "is not a pool size", 16, 1, 2**64 - 1)
+        delay_ms = _millis(get, "PROCESSOR_DELAY_MS")
+        return Settings(
+            redis_url=redis_url,
+            database_url=database_url,
+            port=port,
+            read_through=read_through,
+            wait=wait_ms / 1000 if wait_ms else None,
+            lease=(30_000 if lease_ms is None else lease_ms) / 1000,
+            pool_size=pool_size,
+            processor_delay=(delay_ms or 0) / 1000,
+            fence=fence,
+        )
+
+
+def _switch(get: Lookup, name: str) -> bool:
+    """An on/off setting, on when unset."""
+    value = get(name)
+    if value is None or value in ("1", "true", "on"):
+        return True
+    if value in ("0", "false", "off"):
+        return False
+    raise SettingsError(f"{name}={_quoted(value)}: use on or off")
+
+
+def _unsigned(value: str) -> int | None:
+    """Rust's ``str::parse`` of an unsigned integer: ASCII digits, one leading
+    ``+`` allowed, nothing else."""
+    digits = value[1:] if value.startswith("+") else value
+    if not digits or not all("0" <= c <= "9" for c in digits):
+        return None
+    return int(digits)
+
+
+def _number(get: Lookup, name: str, what: str, default: int, low: int, high: int) -> int:
+    value = get(name)
+    if value is None:
+        return default
+    parsed = _unsigned(value)
+    if parsed is None or not low <= parsed <= high:
+        raise SettingsError(f"{name}={_quoted(value)} {what}")
+    return parsed
+
+
+def _millis(get: Lookup, name: str) -> int | None:
+    value = get(name)
+    if value is None:
+        return None
+    parsed = _unsigned(value)
+    if parsed is None or parsed >= 2**64:
+        raise SettingsError(f"{name}={_quoted(value)} is not a number of milliseconds")
+    return parsed
+
+
+def _quoted(value: str) -> str:
+    """The value quoted as the Rust service's messages quote it (``{:?}``)."""
+    return json.dumps(value, ensure_ascii=False)
