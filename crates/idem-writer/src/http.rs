@@ -1,4 +1,5 @@
-//! `/metrics` (Prometheus text) and `/healthz` over HTTP.
+//! `/metrics` (OpenMetrics text, encoded by prometheus-client) and
+//! `/healthz` over HTTP.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use axum::Router;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Context, Result};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, CONTENT_TYPE};
 
 /// Binds `addr` now (so a bad address fails the start) and serves until
 /// `stop` is cancelled. Returns the bound address and the server task.
@@ -38,13 +39,7 @@ pub async fn serve(
 }
 
 async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], metrics.render())
 }
 
 /// 200 when Postgres and every Redis node answered last time, else 503

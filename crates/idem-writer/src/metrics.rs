@@ -1,9 +1,51 @@
-//! The writer's counters and gauges, rendered as Prometheus text exposition.
+//! The writer's counters, gauges and histogram, kept in a prometheus-client
+//! registry of their own (one per running writer) and encoded by it for
+//! `/metrics`. The series names are in [`names`], documented in
+//! docs/operations/metrics.md; deploy/ (alerts, dashboard) queries them.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The series the writer exports, as a query names them (counters with
+/// their `_total`). scripts/test-ops.sh reads this module: every query in
+/// deploy/ must name one of these (or the middleware's).
+pub mod names {
+    /// Records committed to Postgres and acknowledged in Redis (`node`).
+    pub const RECORDS_MIRRORED: &str = "idem_writer_records_mirrored_total";
+    /// Rows inserted or moved to a newer token (`node`).
+    pub const ROWS_WRITTEN: &str = "idem_writer_rows_written_total";
+    /// Non-empty batches committed and acknowledged (`node`).
+    pub const BATCHES: &str = "idem_writer_batches_total";
+    /// Records pending for the mirror on the node (`node`; -1 unknown).
+    pub const NODE_PENDING: &str = "idem_writer_node_pending";
+    /// Age of the oldest pending record on the node, ms (`node`; -1 unknown).
+    pub const NODE_OLDEST_PENDING_MS: &str = "idem_writer_node_oldest_pending_ms";
+    /// 1 when the last exchange with the node succeeded (`node`).
+    pub const NODE_UP: &str = "idem_writer_node_up";
+    /// 1 while the node is a primary being mirrored (`node`).
+    pub const NODE_MIRRORED: &str = "idem_writer_node_mirrored";
+    /// Pull to acknowledgement of a non-empty batch, seconds (`node`).
+    pub const BATCH_DURATION: &str = "idem_writer_batch_duration_seconds";
+    /// Errors by `kind` ([`ErrorKind::label`](super::ErrorKind::label)).
+    pub const ERRORS: &str = "idem_writer_errors_total";
+    /// Expired rows deleted by the cleanup job.
+    pub const CLEANUP_ROWS_REMOVED: &str = "idem_writer_cleanup_rows_removed_total";
+    /// Completed cleanup runs.
+    pub const CLEANUP_RUNS: &str = "idem_writer_cleanup_runs_total";
+    /// Changes of the set of mirrored primaries (the first discovery included).
+    pub const TOPOLOGY_CHANGES: &str = "idem_writer_topology_changes_total";
+    /// Unix time of the last change of the set of mirrored primaries (0 never).
+    pub const TOPOLOGY_LAST_CHANGE: &str = "idem_writer_topology_last_change_timestamp_seconds";
+    /// 1 when the last Postgres exchange succeeded.
+    pub const POSTGRES_UP: &str = "idem_writer_postgres_up";
+}
 
 /// What went wrong, as the `kind` label of `idem_writer_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,79 +107,80 @@ const LATENCY_BUCKETS: [f64; 13] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// A cumulative histogram of durations.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabel {
+    node: String,
 }
 
-impl Histogram {
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+/// A histogram of durations in seconds (the batch latency).
+#[derive(Debug, Clone)]
+pub struct DurationHistogram(Histogram);
+
+impl DurationHistogram {
     pub fn observe(&self, elapsed: Duration) {
-        let seconds = elapsed.as_secs_f64();
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        self.0.observe(elapsed.as_secs_f64());
     }
 }
 
-/// Per Redis node.
+/// Per Redis node: handles into the registry's series labelled with it.
 #[derive(Debug)]
 pub struct NodeMetrics {
     /// `host:port/db`, never the password.
     pub node: String,
     /// Records committed to Postgres and acknowledged in Redis.
-    pub records_mirrored: AtomicU64,
+    pub records_mirrored: Counter,
     /// Rows inserted or moved forward (the rest were already as new).
-    pub rows_written: AtomicU64,
-    pub batches: AtomicU64,
+    pub rows_written: Counter,
+    pub batches: Counter,
     /// Pull → commit → ack of one non-empty batch.
-    pub batch_latency: Histogram,
-    pub pending: AtomicI64,
-    pub oldest_pending_ms: AtomicI64,
-    /// The last Redis exchange of the mirror loop succeeded.
-    pub up: AtomicBool,
-    /// The node is a primary being mirrored now (false once retired).
-    pub mirrored: AtomicBool,
+    pub batch_latency: DurationHistogram,
+    pub pending: Gauge,
+    pub oldest_pending_ms: Gauge,
+    /// 1 when the last Redis exchange of the mirror loop succeeded.
+    pub up: Gauge,
+    /// 1 while the node is a primary being mirrored now (0 once retired).
+    pub mirrored: Gauge,
 }
 
-impl NodeMetrics {
-    fn new(node: String) -> Self {
-        NodeMetrics {
-            node,
-            records_mirrored: AtomicU64::new(0),
-            rows_written: AtomicU64::new(0),
-            batches: AtomicU64::new(0),
-            batch_latency: Histogram::default(),
-            pending: AtomicI64::new(-1),
-            oldest_pending_ms: AtomicI64::new(-1),
-            up: AtomicBool::new(false),
-            mirrored: AtomicBool::new(false),
-        }
-    }
+/// The per-node families.
+#[derive(Debug)]
+struct NodeFamilies {
+    records_mirrored: Family<NodeLabel, Counter>,
+    rows_written: Family<NodeLabel, Counter>,
+    batches: Family<NodeLabel, Counter>,
+    batch_latency: Family<NodeLabel, Histogram, fn() -> Histogram>,
+    pending: Family<NodeLabel, Gauge>,
+    oldest_pending_ms: Family<NodeLabel, Gauge>,
+    up: Family<NodeLabel, Gauge>,
+    mirrored: Family<NodeLabel, Gauge>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
 }
 
 /// All of the writer's metrics.
 #[derive(Debug)]
 pub struct Metrics {
+    registry: Registry,
+    families: NodeFamilies,
     /// Every node mirrored at some point, in the order first seen; a retired
     /// node keeps its counters (and resumes them if it is mirrored again).
     nodes: Mutex<Vec<Arc<NodeMetrics>>>,
+    errors: Family<KindLabel, Counter>,
     /// Changes of the set of mirrored primaries, the first discovery included.
-    pub topology_changes: AtomicU64,
-    /// When the set last changed (Unix ms; 0 never).
-    pub topology_changed_at_ms: AtomicI64,
-    errors: [AtomicU64; ErrorKind::ALL.len()],
-    pub cleanup_rows_removed: AtomicU64,
-    pub cleanup_runs: AtomicU64,
-    /// The last Postgres exchange succeeded.
-    pub postgres_up: AtomicBool,
+    topology_changes: Counter,
+    /// When the set last changed (Unix seconds; 0 never).
+    topology_changed_at: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub cleanup_rows_removed: Counter,
+    pub cleanup_runs: Counter,
+    /// 1 when the last Postgres exchange succeeded.
+    pub postgres_up: Gauge,
 }
 
 impl Default for Metrics {
@@ -146,16 +189,111 @@ impl Default for Metrics {
     }
 }
 
+/// A counter's name as registered: prometheus-client appends `_total`.
+fn counter(series: &'static str) -> &'static str {
+    series.strip_suffix("_total").unwrap_or(series)
+}
+
 impl Metrics {
     pub fn new() -> Self {
-        Metrics {
+        let mut registry = Registry::default();
+        let families = NodeFamilies {
+            records_mirrored: Family::default(),
+            rows_written: Family::default(),
+            batches: Family::default(),
+            batch_latency: Family::new_with_constructor(latency_histogram),
+            pending: Family::default(),
+            oldest_pending_ms: Family::default(),
+            up: Family::default(),
+            mirrored: Family::default(),
+        };
+        let errors = Family::<KindLabel, Counter>::default();
+        for kind in ErrorKind::ALL {
+            // Every kind is exported from the start, at 0.
+            errors.get_or_create_owned(&KindLabel { kind: kind.label() });
+        }
+        let metrics = Metrics {
+            registry: Registry::default(),
+            families,
             nodes: Mutex::new(Vec::new()),
-            topology_changes: AtomicU64::new(0),
-            topology_changed_at_ms: AtomicI64::new(0),
-            errors: Default::default(),
-            cleanup_rows_removed: AtomicU64::new(0),
-            cleanup_runs: AtomicU64::new(0),
-            postgres_up: AtomicBool::new(false),
+            errors,
+            topology_changes: Counter::default(),
+            topology_changed_at: Gauge::default(),
+            cleanup_rows_removed: Counter::default(),
+            cleanup_runs: Counter::default(),
+            postgres_up: Gauge::default(),
+        };
+        let f = &metrics.families;
+        use names::*;
+        registry.register(
+            counter(RECORDS_MIRRORED),
+            "Records committed to Postgres and acknowledged in Redis.",
+            f.records_mirrored.clone(),
+        );
+        registry.register(
+            counter(ROWS_WRITTEN),
+            "Rows inserted or moved to a newer token (the others were already current).",
+            f.rows_written.clone(),
+        );
+        registry.register(
+            counter(BATCHES),
+            "Non-empty batches committed and acknowledged.",
+            f.batches.clone(),
+        );
+        registry.register(
+            NODE_PENDING,
+            "Records pending for the mirror on the node (INFO idem_mirror_pending; -1 unknown).",
+            f.pending.clone(),
+        );
+        registry.register(
+            NODE_OLDEST_PENDING_MS,
+            "Mirror lag on the node (INFO idem_mirror_oldest_pending_ms; -1 unknown).",
+            f.oldest_pending_ms.clone(),
+        );
+        registry.register(
+            NODE_UP,
+            "1 when the last exchange with the node succeeded.",
+            f.up.clone(),
+        );
+        registry.register(
+            NODE_MIRRORED,
+            "1 while the node is a primary being mirrored, 0 once retired (failover, shard removed).",
+            f.mirrored.clone(),
+        );
+        registry.register(
+            BATCH_DURATION,
+            "Time from pull to acknowledgement of a non-empty batch.",
+            f.batch_latency.clone(),
+        );
+        registry.register(counter(ERRORS), "Errors by kind.", metrics.errors.clone());
+        registry.register(
+            counter(CLEANUP_ROWS_REMOVED),
+            "Expired rows deleted by the cleanup job.",
+            metrics.cleanup_rows_removed.clone(),
+        );
+        registry.register(
+            counter(CLEANUP_RUNS),
+            "Completed cleanup runs.",
+            metrics.cleanup_runs.clone(),
+        );
+        registry.register(
+            counter(TOPOLOGY_CHANGES),
+            "Changes of the set of mirrored primaries (the first discovery included).",
+            metrics.topology_changes.clone(),
+        );
+        registry.register(
+            TOPOLOGY_LAST_CHANGE,
+            "Unix time of the last change of the set of mirrored primaries (0 never).",
+            metrics.topology_changed_at.clone(),
+        );
+        registry.register(
+            POSTGRES_UP,
+            "1 when the last Postgres exchange succeeded.",
+            metrics.postgres_up.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
         }
     }
 
@@ -165,13 +303,29 @@ impl Metrics {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The metrics of node `label`, created on first use.
+    /// The metrics of node `label`, created on first use (pending unknown).
     pub fn node(&self, label: &str) -> Arc<NodeMetrics> {
         let mut nodes = self.node_list();
         if let Some(node) = nodes.iter().find(|n| n.node == label) {
             return node.clone();
         }
-        let node = Arc::new(NodeMetrics::new(label.to_string()));
+        let key = NodeLabel {
+            node: label.to_string(),
+        };
+        let f = &self.families;
+        let node = Arc::new(NodeMetrics {
+            node: label.to_string(),
+            records_mirrored: f.records_mirrored.get_or_create_owned(&key),
+            rows_written: f.rows_written.get_or_create_owned(&key),
+            batches: f.batches.get_or_create_owned(&key),
+            batch_latency: DurationHistogram(f.batch_latency.get_or_create_owned(&key)),
+            pending: f.pending.get_or_create_owned(&key),
+            oldest_pending_ms: f.oldest_pending_ms.get_or_create_owned(&key),
+            up: f.up.get_or_create_owned(&key),
+            mirrored: f.mirrored.get_or_create_owned(&key),
+        });
+        node.pending.set(-1);
+        node.oldest_pending_ms.set(-1);
         nodes.push(node.clone());
         node
     }
@@ -183,11 +337,11 @@ impl Metrics {
 
     /// Records that the set of mirrored primaries changed just now.
     pub fn topology_changed(&self) {
-        self.topology_changes.fetch_add(1, Ordering::Relaxed);
+        self.topology_changes.inc();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        self.topology_changed_at_ms.store(now, Ordering::Relaxed);
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.topology_changed_at.set(now);
     }
 
     pub fn error(&self, kind: ErrorKind) {
@@ -195,189 +349,41 @@ impl Metrics {
     }
 
     pub fn error_n(&self, kind: ErrorKind, n: u64) {
-        if let Some(i) = ErrorKind::ALL.iter().position(|k| *k == kind) {
-            self.errors[i].fetch_add(n, Ordering::Relaxed);
-        }
+        self.errors
+            .get_or_create(&KindLabel { kind: kind.label() })
+            .inc_by(n);
     }
 
     /// Healthy when Postgres and every mirrored node answered last time.
     pub fn unhealthy_parts(&self) -> Vec<String> {
         let mut down = Vec::new();
-        if !self.postgres_up.load(Ordering::Relaxed) {
+        if self.postgres_up.get() != 1 {
             down.push("postgres".to_string());
         }
         let nodes = self.nodes();
-        let mirrored: Vec<_> = nodes
-            .iter()
-            .filter(|n| n.mirrored.load(Ordering::Relaxed))
-            .collect();
+        let mirrored: Vec<_> = nodes.iter().filter(|n| n.mirrored.get() == 1).collect();
         if mirrored.is_empty() {
             down.push("redis (no primary known)".to_string());
         }
         for node in mirrored {
-            if !node.up.load(Ordering::Relaxed) {
+            if node.up.get() != 1 {
                 down.push(format!("redis {}", node.node));
             }
         }
         down
     }
 
-    /// The Prometheus text exposition format (version 0.0.4).
+    /// The OpenMetrics text exposition (see [`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        let nodes = self.nodes();
-        let per_node = |out: &mut String,
-                        name: &str,
-                        kind: &str,
-                        help: &str,
-                        f: &dyn Fn(&NodeMetrics) -> String| {
-            header(out, name, kind, help);
-            for node in &nodes {
-                let _ = writeln!(out, "{name}{{node=\"{}\"}} {}", escape(&node.node), f(node));
-            }
-        };
-        per_node(
-            &mut out,
-            "idem_writer_records_mirrored_total",
-            "counter",
-            "Records committed to Postgres and acknowledged in Redis.",
-            &|n| n.records_mirrored.load(Ordering::Relaxed).to_string(),
-        );
-        per_node(
-            &mut out,
-            "idem_writer_rows_written_total",
-            "counter",
-            "Rows inserted or moved to a newer token (the others were already current).",
-            &|n| n.rows_written.load(Ordering::Relaxed).to_string(),
-        );
-        per_node(
-            &mut out,
-            "idem_writer_batches_total",
-            "counter",
-            "Non-empty batches committed and acknowledged.",
-            &|n| n.batches.load(Ordering::Relaxed).to_string(),
-        );
-        per_node(
-            &mut out,
-            "idem_writer_node_pending",
-            "gauge",
-            "Records pending for the mirror on the node (INFO idem_mirror_pending; -1 unknown).",
-            &|n| n.pending.load(Ordering::Relaxed).to_string(),
-        );
-        per_node(
-            &mut out,
-            "idem_writer_node_oldest_pending_ms",
-            "gauge",
-            "Mirror lag on the node (INFO idem_mirror_oldest_pending_ms; -1 unknown).",
-            &|n| n.oldest_pending_ms.load(Ordering::Relaxed).to_string(),
-        );
-        per_node(
-            &mut out,
-            "idem_writer_node_up",
-            "gauge",
-            "1 when the last exchange with the node succeeded.",
-            &|n| u8::from(n.up.load(Ordering::Relaxed)).to_string(),
-        );
-        per_node(
-            &mut out,
-            "idem_writer_node_mirrored",
-            "gauge",
-            "1 while the node is a primary being mirrored, 0 once retired (failover, shard removed).",
-            &|n| u8::from(n.mirrored.load(Ordering::Relaxed)).to_string(),
-        );
-
-        let name = "idem_writer_batch_duration_seconds";
-        header(
-            &mut out,
-            name,
-            "histogram",
-            "Time from pull to acknowledgement of a non-empty batch.",
-        );
-        for node in &nodes {
-            let label = escape(&node.node);
-            let h = &node.batch_latency;
-            for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&h.buckets) {
-                let _ = writeln!(
-                    out,
-                    "{name}_bucket{{node=\"{label}\",le=\"{bound}\"}} {}",
-                    bucket.load(Ordering::Relaxed)
-                );
-            }
-            let count = h.count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{node=\"{label}\",le=\"+Inf\"}} {count}");
-            let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-            let _ = writeln!(out, "{name}_sum{{node=\"{label}\"}} {sum}");
-            let _ = writeln!(out, "{name}_count{{node=\"{label}\"}} {count}");
-        }
-
-        let name = "idem_writer_errors_total";
-        header(&mut out, name, "counter", "Errors by kind.");
-        for (kind, count) in ErrorKind::ALL.iter().zip(&self.errors) {
-            let _ = writeln!(
-                out,
-                "{name}{{kind=\"{}\"}} {}",
-                kind.label(),
-                count.load(Ordering::Relaxed)
-            );
-        }
-
-        let scalar = |out: &mut String, name: &str, kind: &str, help: &str, value: String| {
-            header(out, name, kind, help);
-            let _ = writeln!(out, "{name} {value}");
-        };
-        let count = |c: &AtomicU64| c.load(Ordering::Relaxed).to_string();
-        let flag = |f: &AtomicBool| u8::from(f.load(Ordering::Relaxed)).to_string();
-        scalar(
-            &mut out,
-            "idem_writer_cleanup_rows_removed_total",
-            "counter",
-            "Expired rows deleted by the cleanup job.",
-            count(&self.cleanup_rows_removed),
-        );
-        scalar(
-            &mut out,
-            "idem_writer_cleanup_runs_total",
-            "counter",
-            "Completed cleanup runs.",
-            count(&self.cleanup_runs),
-        );
-        scalar(
-            &mut out,
-            "idem_writer_topology_changes_total",
-            "counter",
-            "Changes of the set of mirrored primaries (the first discovery included).",
-            count(&self.topology_changes),
-        );
-        scalar(
-            &mut out,
-            "idem_writer_topology_last_change_timestamp_seconds",
-            "gauge",
-            "Unix time of the last change of the set of mirrored primaries (0 never).",
-            (self.topology_changed_at_ms.load(Ordering::Relaxed) as f64 / 1e3).to_string(),
-        );
-        scalar(
-            &mut out,
-            "idem_writer_postgres_up",
-            "gauge",
-            "1 when the last Postgres exchange succeeded.",
-            flag(&self.postgres_up),
-        );
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String does not fail");
         out
     }
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-/// Escapes a label value (backslash, double quote, newline).
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
@@ -387,24 +393,25 @@ mod tests {
     fn renders_counters_histogram_and_errors() {
         let metrics = Metrics::new();
         let node = metrics.node("127.0.0.1:7000/0");
-        node.mirrored.store(true, Ordering::Relaxed);
-        node.records_mirrored.fetch_add(5, Ordering::Relaxed);
+        node.mirrored.set(1);
+        node.records_mirrored.inc_by(5);
         node.batch_latency.observe(Duration::from_millis(3));
         node.batch_latency.observe(Duration::from_millis(30));
         metrics.error(ErrorKind::InvalidKey);
         let text = metrics.render();
         assert!(text.contains("idem_writer_records_mirrored_total{node=\"127.0.0.1:7000/0\"} 5\n"));
         assert!(text.contains(
-            "idem_writer_batch_duration_seconds_bucket{node=\"127.0.0.1:7000/0\",le=\"0.005\"} 1\n"
+            "idem_writer_batch_duration_seconds_bucket{le=\"0.005\",node=\"127.0.0.1:7000/0\"} 1\n"
         ));
         assert!(text.contains(
-            "idem_writer_batch_duration_seconds_bucket{node=\"127.0.0.1:7000/0\",le=\"0.05\"} 2\n"
+            "idem_writer_batch_duration_seconds_bucket{le=\"0.05\",node=\"127.0.0.1:7000/0\"} 2\n"
         ));
         assert!(text
             .contains("idem_writer_batch_duration_seconds_count{node=\"127.0.0.1:7000/0\"} 2\n"));
         assert!(text.contains("idem_writer_errors_total{kind=\"invalid_key\"} 1\n"));
         assert!(text.contains("idem_writer_errors_total{kind=\"postgres\"} 0\n"));
         assert!(text.contains("idem_writer_node_mirrored{node=\"127.0.0.1:7000/0\"} 1\n"));
+        assert!(text.contains("idem_writer_node_pending{node=\"127.0.0.1:7000/0\"} -1\n"));
         assert_eq!(
             metrics.unhealthy_parts(),
             vec!["postgres", "redis 127.0.0.1:7000/0"]
@@ -414,13 +421,13 @@ mod tests {
     #[test]
     fn retired_nodes_keep_counters_but_leave_health() {
         let metrics = Metrics::new();
-        metrics.postgres_up.store(true, Ordering::Relaxed);
+        metrics.postgres_up.set(1);
         assert_eq!(metrics.unhealthy_parts(), vec!["redis (no primary known)"]);
         let old = metrics.node("10.0.0.1:7000/0");
-        old.records_mirrored.fetch_add(3, Ordering::Relaxed);
+        old.records_mirrored.inc_by(3);
         let new = metrics.node("10.0.0.2:7000/0");
-        new.mirrored.store(true, Ordering::Relaxed);
-        new.up.store(true, Ordering::Relaxed);
+        new.mirrored.set(1);
+        new.up.set(1);
         assert!(Arc::ptr_eq(&old, &metrics.node("10.0.0.1:7000/0")));
         assert!(metrics.unhealthy_parts().is_empty());
         metrics.topology_changed();
@@ -428,11 +435,47 @@ mod tests {
         assert!(text.contains("idem_writer_node_mirrored{node=\"10.0.0.1:7000/0\"} 0\n"));
         assert!(text.contains("idem_writer_records_mirrored_total{node=\"10.0.0.1:7000/0\"} 3\n"));
         assert!(text.contains("idem_writer_topology_changes_total 1\n"));
-        assert!(!text.contains("idem_writer_topology_last_change_timestamp_seconds 0\n"));
+        assert!(!text.contains("idem_writer_topology_last_change_timestamp_seconds 0"));
     }
 
     #[test]
     fn escapes_label_values() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        let metrics = Metrics::new();
+        metrics.node("a\"b\\c\nd").batches.inc();
+        let text = metrics.render();
+        assert!(text.contains("idem_writer_batches_total{node=\"a\\\"b\\\\c\\nd\"} 1\n"));
+    }
+
+    #[test]
+    fn every_named_series_is_exported() {
+        let metrics = Metrics::new();
+        metrics
+            .node("n")
+            .batch_latency
+            .observe(Duration::from_millis(1));
+        let text = metrics.render();
+        for name in [
+            names::RECORDS_MIRRORED,
+            names::ROWS_WRITTEN,
+            names::BATCHES,
+            names::NODE_PENDING,
+            names::NODE_OLDEST_PENDING_MS,
+            names::NODE_UP,
+            names::NODE_MIRRORED,
+            names::ERRORS,
+            names::CLEANUP_ROWS_REMOVED,
+            names::CLEANUP_RUNS,
+            names::TOPOLOGY_CHANGES,
+            names::TOPOLOGY_LAST_CHANGE,
+            names::POSTGRES_UP,
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("{name}{{"))
+                        || l.starts_with(&format!("{name} "))),
+                "{name} missing from:\n{text}"
+            );
+        }
+        assert!(text.contains(&format!("{}_bucket{{", names::BATCH_DURATION)));
     }
 }

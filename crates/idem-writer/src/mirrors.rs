@@ -4,7 +4,6 @@
 //! hand, and gives up on them after the grace period).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,7 +90,7 @@ impl Mirrors {
         let generation = self.next_generation;
         self.next_generation += 1;
         let node = self.metrics.node(&target.label);
-        node.mirrored.store(true, Ordering::Relaxed);
+        node.mirrored.set(1);
         let label = target.label.clone();
         let poller = poll_mirror_info(
             RedisNode::open(target, Duration::ZERO)?,
@@ -140,9 +139,9 @@ impl Mirrors {
         };
         info!(node = label, "no longer a primary: retiring its mirror");
         let node = self.metrics.node(label);
-        node.mirrored.store(false, Ordering::Relaxed);
-        node.pending.store(-1, Ordering::Relaxed);
-        node.oldest_pending_ms.store(-1, Ordering::Relaxed);
+        node.mirrored.set(0);
+        node.pending.set(-1);
+        node.oldest_pending_ms.set(-1);
         running.shutdown.stop.cancel();
         let abort = running.shutdown.abort;
         let grace = self.config.shutdown_grace;

@@ -6,7 +6,6 @@
 //! being committed and the next one), plus the keys of one being
 //! acknowledged. Redis failures are reported to the topology follower.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -118,7 +117,7 @@ async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<
             }
         };
         let pulled_at = Instant::now();
-        ctx.node.up.store(true, Ordering::Relaxed);
+        ctx.node.up.set(1);
         backoff.reset();
         match parse_pull_reply(&reply) {
             Ok((records, rejected)) => {
@@ -214,13 +213,9 @@ async fn acknowledge_batches(
             return;
         }
         let metrics = &ctx.node;
-        metrics
-            .records_mirrored
-            .fetch_add(done.acks.len() as u64, Ordering::Relaxed);
-        metrics
-            .rows_written
-            .fetch_add(done.written, Ordering::Relaxed);
-        metrics.batches.fetch_add(1, Ordering::Relaxed);
+        metrics.records_mirrored.inc_by(done.acks.len() as u64);
+        metrics.rows_written.inc_by(done.written);
+        metrics.batches.inc();
         metrics.batch_latency.observe(done.pulled_at.elapsed());
     }
 }
@@ -237,12 +232,12 @@ async fn commit(ctx: &Context, pool: &Pool, records: &[MirrorRecord]) -> Option<
         };
         match attempt {
             Ok(stored) => {
-                ctx.metrics.postgres_up.store(true, Ordering::Relaxed);
+                ctx.metrics.postgres_up.set(1);
                 return Some(stored);
             }
             Err(error) => {
                 ctx.metrics.error(ErrorKind::Postgres);
-                ctx.metrics.postgres_up.store(false, Ordering::Relaxed);
+                ctx.metrics.postgres_up.set(0);
                 warn!(
                     node = ctx.label,
                     error = error.report(),
@@ -269,7 +264,7 @@ async fn acknowledge(ctx: &Context, node: &mut RedisNode, acks: &[(String, i64)]
     loop {
         match node.ack(&pairs).await {
             Ok(acked) => {
-                ctx.node.up.store(true, Ordering::Relaxed);
+                ctx.node.up.set(1);
                 if acked.superseded > 0 {
                     debug!(
                         node = ctx.label,
@@ -316,7 +311,7 @@ impl Context {
     fn redis_failed(&self, kind: ErrorKind, error: &redis::RedisError) {
         self.metrics.error(kind);
         self.suspect_topology.notify_one();
-        self.node.up.store(false, Ordering::Relaxed);
+        self.node.up.set(0);
         warn!(node = self.label, kind = kind.label(), %error, "Redis failed; retrying");
     }
 
@@ -360,13 +355,13 @@ pub async fn poll_mirror_info(
     loop {
         match node.mirror_info().await {
             Ok((pending, oldest_ms)) => {
-                gauges.pending.store(pending, Ordering::Relaxed);
-                gauges.oldest_pending_ms.store(oldest_ms, Ordering::Relaxed);
+                gauges.pending.set(pending);
+                gauges.oldest_pending_ms.set(oldest_ms);
             }
             Err(error) => {
                 metrics.error(ErrorKind::RedisInfo);
-                gauges.pending.store(-1, Ordering::Relaxed);
-                gauges.oldest_pending_ms.store(-1, Ordering::Relaxed);
+                gauges.pending.set(-1);
+                gauges.oldest_pending_ms.set(-1);
                 debug!(node = node.label(), %error, "INFO idem failed");
             }
         }

@@ -3,7 +3,6 @@
 //! and the metrics server, until shutdown.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -190,7 +189,7 @@ async fn migrate_when_reachable(config: &WriterConfig, metrics: &Metrics) -> Res
         };
         match attempt.await {
             Ok(layout) => {
-                metrics.postgres_up.store(true, Ordering::Relaxed);
+                metrics.postgres_up.set(1);
                 return Ok(layout);
             }
             Err(error) if is_unreachable(&error) => {
@@ -253,8 +252,8 @@ async fn cleanup_schedule(
         let delay = tokio::select! {
             result = run => match result {
                 Ok(cleaned) => {
-                    metrics.cleanup_rows_removed.fetch_add(cleaned.rows_deleted, Ordering::Relaxed);
-                    metrics.cleanup_runs.fetch_add(1, Ordering::Relaxed);
+                    metrics.cleanup_rows_removed.inc_by(cleaned.rows_deleted);
+                    metrics.cleanup_runs.inc();
                     info!(
                         dropped = ?cleaned.partitions_dropped,
                         created = ?cleaned.partitions_created,
