@@ -1,0 +1,257 @@
+// The Express middleware and the Fastify plugin over a real redis-server
+// with the module (and Postgres for read-through and the fence): the HTTP
+// semantics of the Rust layer, facts from spec/http.json, each scenario run
+// against both adapters.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import * as idem from "../dist/index.js";
+import { startRedis, database, loadSpec, b, sleep } from "./helpers.mjs";
+import { FRAMEWORKS, request } from "./apps.mjs";
+
+const HTTP = loadSpec("http.json");
+const JSON_CT = ["content-type", "application/json"];
+let server;
+let client;
+let db;
+const quiet = { warn: () => undefined, error: () => undefined };
+let n = 0;
+const newKey = () => `k-${process.pid}-${Date.now()}-${n++}`;
+
+before(async () => {
+  server = await startRedis();
+  client = await idem.IdemClient.connect(server.url);
+  db = await database();
+});
+after(async () => {
+  await client.close();
+});
+
+function assertProblem(res, name) {
+  const p = HTTP.problems[name];
+  assert.equal(res.status, p.status, res.text);
+  assert.equal(res.headers["content-type"], HTTP.headers.problem_content_type);
+  const body = JSON.parse(res.text);
+  assert.equal(body.type, p.type);
+  assert.equal(body.title, p.title);
+  assert.equal(body.status, p.status);
+  return body;
+}
+
+for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
+  const withApp = async (options, f, extra) => {
+    const app = await makeApp({ client, logger: quiet, tenantHeader: "x-account-id", ...options }, extra);
+    try {
+      await f(app);
+    } finally {
+      await app.close();
+    }
+  };
+
+  test(`${framework}: new, then the stored response replayed with Idempotent-Replayed; stored headers only`, () =>
+    withApp({}, async (app) => {
+      const k = newKey();
+      const send = () => request(app.url, { path: "/echo", headers: [["idempotency-key", k], JSON_CT], body: '{"a":1}' });
+      const first = await send();
+      assert.equal(first.status, 201);
+      assert.equal(first.headers["idempotent-replayed"], undefined);
+      assert.equal(first.headers["x-not-stored"], "yes");
+      const again = await send();
+      assert.equal(again.status, 201);
+      assert.equal(again.text, first.text);
+      assert.equal(again.headers[HTTP.headers.replayed], HTTP.headers.replayed_value);
+      assert.equal(again.headers.location, first.headers.location);
+      assert.equal(again.headers["content-type"], first.headers["content-type"]);
+      assert.equal(again.headers["x-not-stored"], undefined, "only stored_headers are stored");
+      // Canonical JSON: the same members in another order and spacing are the same request.
+      const reordered = await request(app.url, { path: "/echo", headers: [["idempotency-key", k], JSON_CT], body: '{ "a" : 1 }' });
+      assert.equal(reordered.status, 201);
+      assert.equal(reordered.headers[HTTP.headers.replayed], "true");
+      assert.equal(app.calls.of(`echo:/${k}`), 1);
+      // GET is not covered: it passes through every time.
+      await request(app.url, { method: "GET", path: "/echo", headers: [["idempotency-key", k]] });
+      await request(app.url, { method: "GET", path: "/echo", headers: [["idempotency-key", k]] });
+      assert.equal(app.calls.of("get"), 2);
+    }));
+
+  test(`${framework}: a key reused for another request is 422`, () =>
+    withApp({}, async (app) => {
+      const k = newKey();
+      await request(app.url, { path: "/echo", headers: [["idempotency-key", k], JSON_CT], body: '{"a":1}' });
+      assertProblem(await request(app.url, { path: "/echo", headers: [["idempotency-key", k], JSON_CT], body: '{"a":2}' }), "mismatch");
+      assertProblem(await request(app.url, { path: "/echo?x=1", headers: [["idempotency-key", k], JSON_CT], body: '{"a":1}' }), "mismatch");
+    }));
+
+  test(`${framework}: a duplicate of a running request is 409 with Retry-After, capped`, () =>
+    withApp({ leaseMs: 5000 }, async (app) => {
+      const k = newKey();
+      const slow = request(app.url, { path: "/slow?ms=600", headers: [["idempotency-key", k]] });
+      await sleep(150);
+      const dup = await request(app.url, { path: "/slow?ms=600", headers: [["idempotency-key", k]] });
+      assertProblem(dup, "in_flight");
+      assert.equal(dup.headers["retry-after"], String(HTTP.defaults.max_retry_after_ms / 1000));
+      assert.equal((await slow).status, 201);
+      assert.equal(app.calls.of(`slow:/${k}`), 1);
+    }));
+
+  test(`${framework}: 5xx and 429 are not stored; the retry runs again`, () =>
+    withApp({}, async (app) => {
+      for (const code of [500, 503, 429]) {
+        const k = newKey();
+        for (let i = 0; i < 2; i++) assert.equal((await request(app.url, { path: `/status?code=${code}`, headers: [["idempotency-key", k]] })).status, code);
+        assert.equal(app.calls.of(`status:/${k}`), 2, String(code));
+      }
+      const k = newKey();
+      for (let i = 0; i < 2; i++) assert.equal((await request(app.url, { path: "/status?code=404", headers: [["idempotency-key", k]] })).status, 404);
+      assert.equal(app.calls.of(`status:/${k}`), 1, "a 404 is stored");
+    }));
+
+  test(`${framework}: bad, missing and repeated keys`, async () => {
+    await withApp({}, async (app) => {
+      for (const [value, kind] of [["", "empty"], ["a,b", "malformed"], ['"open', "malformed"], ["x".repeat(256), "too_long"]]) {
+        const res = await request(app.url, { path: "/echo", headers: [["idempotency-key", value]] });
+        assert.equal(assertProblem(res, "invalid_key").detail, HTTP.key_errors[kind], value);
+      }
+      const twice = await request(app.url, { path: "/echo", headers: [["idempotency-key", "a"], ["idempotency-key", "b"]] });
+      assert.equal(assertProblem(twice, "invalid_key").detail, HTTP.key_errors.repeated);
+      // No key, not required: the handler runs unprotected, each time.
+      await request(app.url, { path: "/echo" });
+      await request(app.url, { path: "/echo" });
+      assert.equal(app.calls.of("echo:/-"), 2);
+    });
+    await withApp({ required: true }, async (app) => {
+      assertProblem(await request(app.url, { path: "/echo" }), "missing_key");
+      assert.equal(app.calls.of("echo:/-"), 0);
+    });
+  });
+
+  test(`${framework}: a large request is 413; a large response is sent, not stored`, () =>
+    withApp({ maxRequestBody: 1000, maxResponseBody: 2000 }, async (app) => {
+      assertProblem(await request(app.url, { path: "/echo", headers: [["idempotency-key", newKey()]], body: "y".repeat(1001) }), "request_too_large");
+      const k = newKey();
+      for (let i = 0; i < 2; i++) {
+        const res = await request(app.url, { path: "/big?size=5000", headers: [["idempotency-key", k]] });
+        assert.equal(res.status, 200);
+        assert.equal(res.body.length, 5000);
+      }
+      assert.equal(app.calls.of(`big:/${k}`), 2);
+      const small = newKey();
+      await request(app.url, { path: "/big?size=1500", headers: [["idempotency-key", small]] });
+      assert.equal((await request(app.url, { path: "/big?size=1500", headers: [["idempotency-key", small]] })).headers["idempotent-replayed"], "true");
+    }));
+
+  test(`${framework}: tenants scope keys`, () =>
+    withApp({}, async (app) => {
+      const k = newKey();
+      const as = (tenant) => request(app.url, { path: "/echo", headers: [["idempotency-key", k], ["x-account-id", tenant]] });
+      assert.equal((await as("acct-1")).status, 201);
+      const other = await as("acct-2");
+      assert.equal(other.status, 201);
+      assert.equal(other.headers["idempotent-replayed"], undefined, "another tenant's key is its own");
+      assert.equal((await as("acct-1")).headers["idempotent-replayed"], "true");
+      assert.equal((await client.get(idem.redisKey(HTTP.defaults.key_prefix, "acct-1", k))).state, "completed");
+      assert.equal((await client.get(idem.redisKey(HTTP.defaults.key_prefix, "acct-2", k))).state, "completed");
+    }));
+
+  test(`${framework}: wait_for_result gives a duplicate the original's answer`, () =>
+    withApp({ waitForResultMs: 3000 }, async (app) => {
+      const k = newKey();
+      const slow = request(app.url, { path: "/slow?ms=500", headers: [["idempotency-key", k]] });
+      await sleep(100);
+      const dup = await request(app.url, { path: "/slow?ms=500", headers: [["idempotency-key", k]] });
+      const first = await slow;
+      assert.equal(dup.status, 201);
+      assert.equal(dup.text, first.text);
+      assert.equal(dup.headers["idempotent-replayed"], "true");
+      assert.equal(app.calls.of(`slow:/${k}`), 1);
+    }));
+
+  test(`${framework}: the lease is renewed while the handler runs`, () =>
+    withApp({ leaseMs: 300 }, async (app) => {
+      const k = newKey();
+      const slow = request(app.url, { path: "/slow?ms=1000", headers: [["idempotency-key", k]] });
+      await sleep(700); // past two leases: only renewal keeps the key
+      assertProblem(await request(app.url, { path: "/slow?ms=1000", headers: [["idempotency-key", k]] }), "in_flight");
+      assert.equal((await slow).status, 201);
+      assert.equal(app.calls.of(`slow:/${k}`), 1);
+    }));
+
+  test(`${framework}: Redis down is 503 with Retry-After (fail closed), or the handler runs with failOpen`, async () => {
+    const own = await startRedis();
+    const c = await idem.IdemClient.connect(own.url, { callTimeoutMs: 500 });
+    await own.stop();
+    try {
+      await withApp({ client: c }, async (app) => {
+        const res = await request(app.url, { path: "/echo", headers: [["idempotency-key", newKey()]] });
+        assertProblem(res, "unavailable");
+        assert.equal(res.headers["retry-after"], HTTP.problems.unavailable.retry_after);
+        assert.equal(app.calls.of("echo:/-"), 0);
+      });
+      await withApp({ client: c, failOpen: true }, async (app) => {
+        const k = newKey();
+        assert.equal((await request(app.url, { path: "/echo", headers: [["idempotency-key", k]] })).status, 201);
+        assert.equal(app.calls.of(`echo:/${k}`), 1);
+      });
+    } finally {
+      await c.close();
+    }
+  });
+
+  test(`${framework}: a failing handler answers 500 and releases its key`, () =>
+    withApp({}, async (app) => {
+      const k = newKey();
+      assert.equal((await request(app.url, { path: "/boom", headers: [["idempotency-key", k]] })).status, 500);
+      assert.equal((await request(app.url, { path: "/boom", headers: [["idempotency-key", k]] })).status, 500);
+      assert.equal(app.calls.of(`boom:/${k}`), 2);
+    }));
+
+  test(`${framework}: a key lost while the handler ran is stored under a new token`, () =>
+    withApp({}, async (app) => {
+      const k = newKey();
+      const raw = await server.raw();
+      const slow = request(app.url, { path: "/slow?ms=400", headers: [["idempotency-key", k]] });
+      await sleep(150);
+      await raw.del(idem.redisKey(HTTP.defaults.key_prefix, "", k)); // Redis forgets the key mid-flight
+      assert.equal((await slow).status, 201);
+      const again = await request(app.url, { path: "/slow?ms=400", headers: [["idempotency-key", k]] });
+      assert.equal(again.headers["idempotent-replayed"], "true");
+      assert.equal(app.calls.of(`slow:/${k}`), 1);
+    }));
+
+  test(`${framework}: read-through replays from the Postgres mirror after Redis forgets`, () =>
+    withApp({ readThrough: new idem.ReadThrough(db.pool()) }, async (app) => {
+      const k = newKey();
+      const send = () => request(app.url, { path: "/echo", headers: [["idempotency-key", k], JSON_CT], body: '{"a":1}' });
+      const first = await send();
+      const rkey = idem.redisKey(HTTP.defaults.key_prefix, "", k);
+      const rec = await client.get(rkey);
+      // What the writer would have mirrored.
+      await db.pool().query(
+        `INSERT INTO idempotency_keys (key, fingerprint, status, token, created_at, expires_at, response_status, response_body, response_headers, completed_at)
+         VALUES ($1, $2, 'completed', $3, now(), now() + interval '1 day', $4, $5, $6, now())`,
+        [rkey, rec.fingerprintHex, rec.token.toString(), rec.response.status, rec.response.body, rec.response.headers.flatMap(([n, v]) => [Buffer.from(n), v])],
+      );
+      const raw = await server.raw();
+      await raw.del(rkey);
+      const again = await send();
+      assert.equal(again.status, 201);
+      assert.equal(again.text, first.text);
+      assert.equal(again.headers["idempotent-replayed"], "true");
+      assert.equal((await client.get(rkey)).mirror, "mirrored", "Redis refilled from the mirror");
+      assertProblem(await request(app.url, { path: "/echo", headers: [["idempotency-key", k], JSON_CT], body: '{"a":2}' }), "mismatch");
+      assert.equal(app.calls.of(`echo:/${k}`), 1);
+    }));
+
+  test(`${framework}: requests are fingerprinted as the Rust layer does (spec/vectors/fingerprint.json)`, () =>
+    withApp({ tenantHeader: undefined }, async (app) => {
+      const cases = loadSpec("vectors/fingerprint.json").cases.filter(
+        (c) => c.request.method === "POST" && c.fingerprinter.canonical_json === HTTP.defaults.canonical_json && c.fingerprinter.headers.length === 0,
+      );
+      for (const c of cases) {
+        const k = newKey();
+        const headers = [["idempotency-key", k], ...c.request.headers.map(([name, v]) => [name, b(v).toString("latin1")])];
+        await request(app.url, { path: c.request.target, headers, body: b(c.request.body) });
+        const rec = await client.get(idem.redisKey(HTTP.defaults.key_prefix, "", k));
+        assert.equal(rec.fingerprintHex, c.expected.stored_hex, c.name);
+      }
+    }));
+}
