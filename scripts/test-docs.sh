@@ -71,11 +71,13 @@ chmod -R a+rX "$out"
 
 # Links and #anchors between the book's pages. Links that leave the book
 # (into the repository, by a page included from outside docs/) are not
-# the book's to check; external URLs are not checked at all.
+# the book's to check; external URLs are not checked at all. print.html
+# repeats every chapter (checking it too took 28 s instead of 6 s).
 config=$out/linkcheckerrc
 printf '[AnchorCheck]\n' >"$config"
 if ! linkchecker --config="$config" --no-status --no-robots \
-  --ignore-url="^file://(?!$out/book/)" "$out/book/index.html" >"$out/links.txt" 2>&1; then
+  --ignore-url="^file://(?!$out/book/)" --ignore-url='/print\.html' \
+  "$out/book/index.html" >"$out/links.txt" 2>&1; then
   sed -n '/^URL/,$p' "$out/links.txt" >&2
   echo "broken links in the book (above)" >&2
   exit 1
