@@ -6,6 +6,7 @@ instances of an example app started through its driver (``apps.json``)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -56,11 +57,24 @@ def free_port() -> int:
     raise HarnessError("no free port")
 
 
+_MODULE_COPY: list[Path] = []
+
+
 def module_path() -> Path:
+    """A private copy of ``$IDEM_MODULE``, made once per run: a build that
+    rewrites the shared file in place (``cp`` onto it) crashes every
+    redis-server that has it loaded."""
+    if _MODULE_COPY:
+        return _MODULE_COPY[0]
     env = os.environ.get("IDEM_MODULE")
     if not env:
         raise HarnessError("IDEM_MODULE is not set (scripts/test-conformance.sh sets it)")
-    return Path(env)
+    directory = Path(tempfile.mkdtemp(prefix="idem-conf-module-"))
+    atexit.register(shutil.rmtree, directory, True)
+    copy = directory / "libidem.so"
+    shutil.copyfile(env, copy)
+    _MODULE_COPY.append(copy)
+    return copy
 
 
 def writer_binary() -> Path:
