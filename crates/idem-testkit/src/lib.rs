@@ -4,10 +4,13 @@
 //! (`cluster`). Never touches port 6379.
 
 pub mod cluster;
+pub mod history;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod info;
+pub mod nemesis;
 pub mod netns;
+pub mod partition;
 pub mod postgres_server;
 pub mod wire;
 

@@ -15,6 +15,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 
 use crate::postgres_server::{running_as_root, Listen, PgServer};
 
@@ -39,6 +40,8 @@ pub struct Net {
     subnet: [u8; 3],
     reservation: Option<PathBuf>,
     hosts: Vec<Host>,
+    /// Blackhole routes `block_gateway` added in the test's namespace.
+    gateway_blocks: Mutex<Vec<Ipv4Addr>>,
 }
 
 /// A namespace on a `Net`, with one interface (`eth0`) on the bridge.
@@ -99,6 +102,7 @@ impl Net {
             subnet: [10, 0, 0],
             reservation: None,
             hosts: Vec::new(),
+            gateway_blocks: Mutex::new(Vec::new()),
         };
         match net.reserve_subnet(pid, n).and_then(|()| net.make_switch()) {
             Ok(()) => Some(net),
@@ -175,6 +179,27 @@ impl Net {
         ip_checked(&format!("-n {} route del blackhole {to}/32", from.netns));
     }
 
+    /// One way, from the test's own namespace (the gateway, where processes
+    /// the test starts without a host run): what it sends to `to` is
+    /// dropped. New connections from here to `to` fail at once (the route
+    /// refuses them); established ones hear nothing until `unblock_gateway`.
+    pub fn block_gateway(&self, to: Ipv4Addr) {
+        assert!(self.is_ours(to), "{to} is not on {}", self.subnet());
+        ip_checked(&format!("route add blackhole {to}/32"));
+        self.blocks().push(to);
+    }
+
+    /// Undoes `block_gateway`.
+    pub fn unblock_gateway(&self, to: Ipv4Addr) {
+        ip_checked(&format!("route del blackhole {to}/32"));
+        self.blocks().retain(|ip| *ip != to);
+    }
+
+    /// Whether `addr` lies in this network's /24.
+    pub fn is_ours(&self, addr: Ipv4Addr) -> bool {
+        addr.octets()[..3] == self.subnet
+    }
+
     /// A throwaway PostgreSQL cluster running inside `host`, listening on
     /// its address, trust auth for the whole network. Drop it before the
     /// `Net` (declare it after), else the net's teardown kills it first.
@@ -184,6 +209,12 @@ impl Net {
             addr: host.ip.into(),
             trusted: Some(self.subnet()),
         })
+    }
+
+    fn blocks(&self) -> std::sync::MutexGuard<'_, Vec<Ipv4Addr>> {
+        self.gateway_blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     fn address(&self, last: u8) -> Ipv4Addr {
@@ -245,6 +276,9 @@ impl Drop for Net {
     /// Kills what still runs in the namespaces, deletes them (their
     /// interfaces go with them) and the uplink, and frees the subnet.
     fn drop(&mut self) {
+        for to in self.blocks().drain(..) {
+            let _ = ip(&format!("route del blackhole {to}/32"));
+        }
         let _ = ip(&format!("link del {}", self.uplink));
         for netns in self.hosts.iter().map(|h| h.netns.as_str()) {
             remove_netns(netns);
@@ -287,6 +321,18 @@ fn sweep_stale() {
         let owner = std::fs::read_to_string(entry.path()).unwrap_or_default();
         if gone(owner.trim()) {
             let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    // `block_gateway`'s routes in our namespace into a subnet nobody holds.
+    let routes = ip("-4 route show type blackhole").unwrap_or_default();
+    for to in routes.lines().filter_map(|l| l.split_whitespace().nth(1)) {
+        let Ok(addr) = to.trim_end_matches("/32").parse::<Ipv4Addr>() else {
+            continue;
+        };
+        let [a, b, c, _] = addr.octets();
+        let reserved = Path::new(RESERVATIONS).join(format!("{a}.{b}.{c}"));
+        if a == 10 && SECOND_OCTETS.contains(&b) && !reserved.exists() {
+            let _ = ip(&format!("route del blackhole {addr}/32"));
         }
     }
 }
@@ -364,6 +410,12 @@ mod tests {
         assert!(!reachable(addr), "blocked");
         net.unblock(&db, net.gateway());
         assert!(reachable(addr), "unblocked");
+
+        // One way from the test's namespace: the SYN never leaves.
+        net.block_gateway(db.ip());
+        assert!(!reachable(addr), "blocked from the gateway");
+        net.unblock_gateway(db.ip());
+        assert!(reachable(addr), "unblocked from the gateway");
     }
 
     #[test]
@@ -373,6 +425,8 @@ mod tests {
         let mut sleeper = host.command("sleep").arg("600").spawn().expect("sleep");
         let (names, uplink) = ([net.id.clone(), host.netns.clone()], net.uplink.clone());
         let reservation = net.reservation.clone().expect("a reserved subnet");
+        net.block_gateway(host.ip());
+        let blocked = host.ip().to_string();
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let _net = net;
             panic!("the test fails");
@@ -384,6 +438,12 @@ mod tests {
         }
         assert!(ip(&format!("link show {uplink}")).is_err(), "{uplink} left");
         assert!(!reservation.exists(), "{} left", reservation.display());
+        let routes = ip("-4 route show type blackhole").expect("ip route");
+        let left = |l: &str| l.split_whitespace().nth(1) == Some(blocked.as_str());
+        assert!(
+            !routes.lines().any(left),
+            "a route to {blocked} left: {routes}"
+        );
         let status = sleeper.wait().expect("wait");
         assert!(!status.success(), "killed: {status}");
     }
