@@ -72,7 +72,7 @@ def module_path() -> Path:
     directory = Path(tempfile.mkdtemp(prefix="idem-conf-module-"))
     atexit.register(shutil.rmtree, directory, True)
     copy = directory / "libidem.so"
-    shutil.copyfile(env, copy)
+    shutil.copy2(env, copy)  # with its execute bit: Redis refuses a module without
     _MODULE_COPY.append(copy)
     return copy
 
