@@ -4,6 +4,7 @@ dropped at the end whatever happens."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import shutil
@@ -27,18 +28,33 @@ REPO = Path(__file__).resolve().parents[3]
 RESERVED = {6379, 6390}
 
 
+_MODULE_COPY: list[Path] = []
+
+
 def module_path() -> Path:
+    """A private copy of the module, made once per session: a build that
+    rewrites the shared file in place crashes every redis-server that has it
+    loaded."""
+    if _MODULE_COPY:
+        return _MODULE_COPY[0]
     if env := os.environ.get("IDEM_MODULE"):
-        return Path(env)
-    candidates = [
-        REPO / "target/release/module/libidem.so",
-        REPO / "target/release/libidem.so",
-        REPO / "target/debug/libidem.so",
-    ]
-    found = [p for p in candidates if p.exists()]
-    if not found:
-        pytest.exit("libidem.so not built: set IDEM_MODULE or run scripts/test-python.sh", 2)
-    return max(found, key=lambda p: p.stat().st_mtime)
+        built = Path(env)
+    else:
+        candidates = [
+            REPO / "target/release/module/libidem.so",
+            REPO / "target/release/libidem.so",
+            REPO / "target/debug/libidem.so",
+        ]
+        found = [p for p in candidates if p.exists()]
+        if not found:
+            pytest.exit("libidem.so not built: set IDEM_MODULE or run scripts/test-python.sh", 2)
+        built = max(found, key=lambda p: p.stat().st_mtime)
+    directory = Path(tempfile.mkdtemp(prefix="idem-py-module-"))
+    atexit.register(shutil.rmtree, directory, True)
+    copy = directory / "libidem.so"
+    shutil.copy2(built, copy)  # with its execute bit: Redis refuses a module without
+    _MODULE_COPY.append(copy)
+    return copy
 
 
 def free_port() -> int:
