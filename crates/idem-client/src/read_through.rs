@@ -57,6 +57,18 @@ impl ReadThrough {
         self
     }
 
+    /// The pool lookups run through.
+    #[cfg(feature = "middleware")]
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The bound on one lookup.
+    #[cfg(feature = "middleware")]
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The completed, unexpired mirror row for `key`, if any.
     pub async fn lookup(&self, key: &str) -> Result<Option<MirroredRecord>, IdemError> {
         match tokio::time::timeout(self.timeout, self.query(key)).await {

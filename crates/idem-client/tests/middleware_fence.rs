@@ -2,7 +2,10 @@
 //! redis-server with the module, real Postgres): a committed response is
 //! stored whatever its status and marked mirrored, a rolled-back one is not,
 //! the fence's replay, 409 and 422 become the HTTP answers and release or
-//! refill Redis, and a STALE COMPLETE answers what the key holds now.
+//! refill Redis, and a STALE COMPLETE answers what the key holds now. With
+//! `claim_up_front` the layer's claim answers before the handler runs, and a
+//! handler that does not use it has it released; a handler that panics has
+//! its claim released either way.
 
 mod common;
 
@@ -16,7 +19,9 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use common::{idem_get, state_of, text, Server};
 use deadpool_postgres::{Manager, Pool};
-use idem_client::{Claim, Fence, Fingerprinter, IdemClient, IdempotencyLayer, StoredResponse};
+use idem_client::{
+    Claim, Fence, Fingerprinter, IdemClient, IdempotencyLayer, ReadThrough, StoredResponse,
+};
 use idem_testkit::{PgDatabase, RedisServer};
 use tokio_postgres::NoTls;
 
@@ -96,6 +101,28 @@ fn routes(app: App) -> Router {
             ),
         )
         .route(
+            "/panics-first",
+            // Claims through the pool, then panics on its first call.
+            post(
+                |State(app): State<App>, Extension(fence): Extension<Fence>| async move {
+                    assert_eq!(fence.claim(&app.pool).await.unwrap(), Claim::Proceed);
+                    if app.calls.load(Ordering::SeqCst) == 0 {
+                        app.calls.fetch_add(1, Ordering::SeqCst);
+                        panic!("the handler fails after its claim");
+                    }
+                    fenced(&app, &fence, 201, false).await
+                },
+            ),
+        )
+        .route(
+            "/unfenced",
+            // Leaves its fence alone.
+            post(|State(app): State<App>| async move {
+                app.calls.fetch_add(1, Ordering::SeqCst);
+                (StatusCode::CREATED, "{\"unfenced\":true}")
+            }),
+        )
+        .route(
             "/overtaken",
             // Not fenced: while it runs, another holder takes the key over
             // and completes it; its own COMPLETE is then STALE.
@@ -149,6 +176,12 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Fixture {
+        Fixture::start_with(false).await
+    }
+
+    /// With `up_front`, the layer claims every request's fence before its
+    /// handler, through read-through's pool.
+    async fn start_with(up_front: bool) -> Fixture {
         let redis = RedisServer::start();
         let db = PgDatabase::create();
         let mut client = db.connect().await;
@@ -167,7 +200,12 @@ impl Fixture {
             calls: Arc::default(),
             redis_url: redis.url(),
         };
-        let layer = IdempotencyLayer::new(IdemClient::new(redis.async_conn().await));
+        let mut layer = IdempotencyLayer::new(IdemClient::new(redis.async_conn().await));
+        if up_front {
+            layer = layer
+                .read_through(ReadThrough::new(app.pool.clone()))
+                .claim_up_front(true);
+        }
         let server = Server::start(routes(app.clone()).layer(layer)).await;
         Fixture {
             redis,
@@ -199,6 +237,19 @@ impl Fixture {
             .await
             .unwrap()
             .get(0)
+    }
+
+    /// The key's row in Postgres: `(status, token)`.
+    async fn row(&self, key: &str) -> Option<(String, i64)> {
+        let client = self.db.connect().await;
+        client
+            .query_opt(
+                "SELECT status, token FROM idempotency_keys WHERE key = $1",
+                &[&Self::redis_key(key)],
+            )
+            .await
+            .unwrap()
+            .map(|row| (row.get(0), row.get(1)))
     }
 
     fn calls(&self) -> usize {
@@ -344,4 +395,100 @@ async fn a_stale_complete_answers_what_the_key_holds_now() {
             .as_deref(),
         Some("completed")
     );
+}
+
+/// A handler that panics after claiming through the pool leaves no claim
+/// behind: the retry proceeds at once instead of answering 409 until the
+/// claim's lease (here 60 s) lapses. Before the fix the panic released only
+/// Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_after_its_claim_leaves_no_claim_behind() {
+    for up_front in [false, true] {
+        let f = Fixture::start_with(up_front).await;
+        let crashed = reqwest::Client::new()
+            .post(format!("{}/panics-first", f.server.base))
+            .header("content-type", "application/json")
+            .header("idempotency-key", "kp")
+            .body("{}")
+            .send()
+            .await;
+        assert!(
+            crashed.is_err() || crashed.unwrap().status().is_server_error(),
+            "the panic reaches no client as a success"
+        );
+        assert_eq!(
+            f.row("kp").await,
+            None,
+            "claim released (up front: {up_front})"
+        );
+        let retry = f.post("/panics-first", "kp").await;
+        assert_eq!(retry.status, 201, "up front: {up_front}: {:?}", retry.body);
+        assert_eq!(f.effects().await, 1);
+    }
+}
+
+/// Claimed up front, the layer answers what Postgres holds before any
+/// handler runs: a committed row Redis forgot is replayed (and refilled), a
+/// row of another request is 422, a live claim is 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claimed_up_front_the_row_is_answered_before_the_handler_runs() {
+    let f = Fixture::start_with(true).await;
+    let first = f.post("/created", "ku").await;
+    assert_eq!(first.status, 201);
+    assert_eq!(f.row("ku").await.map(|r| r.0).as_deref(), Some("completed"));
+    let mut conn = f.redis.async_conn().await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+
+    let retry = f.post("/created", "ku").await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(
+        f.redis_field("ku", "mirror").await.as_deref(),
+        Some("mirrored"),
+        "refilled from the row"
+    );
+    assert_eq!(f.calls(), 1, "the handler did not run for the replay");
+
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let other = f.post("/committed-500", "ku").await;
+    assert_eq!(other.status, 422);
+    assert_eq!(f.redis_field("ku", "state").await, None, "released");
+
+    // A holder elsewhere claimed durably and runs: 409, nothing runs.
+    let holder = Fence::new(
+        Fixture::redis_key("kl").as_str(),
+        1,
+        &fingerprint("/created"),
+        common::LONG,
+    );
+    assert_eq!(holder.claim(&f.app.pool).await.unwrap(), Claim::Proceed);
+    let busy = f.post("/created", "kl").await;
+    assert_eq!(busy.status, 409);
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    assert_eq!(f.redis_field("kl", "state").await, None, "released");
+    assert_eq!((f.calls(), f.effects().await), (1, 1));
+}
+
+/// Claimed up front for a handler that does not use the fence: the claim is
+/// released and the response stored in Redis as any other (for the writer
+/// to mirror).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_up_front_claim_the_handler_leaves_alone_is_released_and_the_response_stored() {
+    let f = Fixture::start_with(true).await;
+    let first = f.post("/unfenced", "kn").await;
+    assert_eq!(first.status, 201);
+    assert_eq!(f.row("kn").await, None, "the claim was released");
+    assert_eq!(
+        f.redis_field("kn", "state").await.as_deref(),
+        Some("completed")
+    );
+    assert_eq!(
+        f.redis_field("kn", "mirror").await.as_deref(),
+        Some("pending"),
+        "stored by the middleware, for the writer"
+    );
+    let retry = f.post("/unfenced", "kn").await;
+    assert!(retry.replayed());
+    assert_eq!(f.calls(), 1);
 }

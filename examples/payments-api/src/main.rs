@@ -21,7 +21,10 @@ async fn main() -> anyhow::Result<()> {
     let read_through = settings.read_through.then(|| pool.clone());
     let mut layer = idempotency_layer(&settings.redis_url, read_through, Transport::Auto)
         .await?
-        .lease(settings.lease);
+        .lease(settings.lease)
+        // Every keyed route's handler uses the fence: its claim stands in
+        // for read-through's lookup (one statement fewer per payment).
+        .claim_up_front(settings.fence);
     if let Some(wait) = settings.wait {
         layer = layer.wait_for_result(wait);
     }

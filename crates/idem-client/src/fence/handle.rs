@@ -308,6 +308,9 @@ impl Fence {
     /// finds the key lost. Give a claim up with [`Fence::release`] (the
     /// middleware does it for a claim made through a pool).
     pub async fn claim<'c>(&self, client: impl Into<FenceClient<'c>>) -> Result<Claim, IdemError> {
+        if self.take_claim_made_up_front() {
+            return Ok(Claim::Proceed);
+        }
         let args = self.claim_args();
         let (claim, pool) = match client.into() {
             FenceClient::Pool(pool) => {
@@ -341,6 +344,9 @@ impl Fence {
     /// unpartitioned layout), or every claim is refused with an error (the
     /// partitioned layout, where it could otherwise claim a key twice).
     pub async fn claim_in<'a, T: FenceTransaction<'a>>(&self, tx: &T) -> Result<Claim, IdemError> {
+        if self.take_claim_made_up_front() {
+            return Ok(Claim::Proceed);
+        }
         let claim = sql::claim_in(tx, &self.claim_args(), self.guard()).await?;
         self.set_report(match &claim {
             Claim::Proceed => FenceReport::Claimed(Release::default()),
@@ -461,6 +467,27 @@ impl Fence {
             idle_timeout_ms: self
                 .idle_timeout
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// Whether the middleware claimed the key durably before the handler
+    /// ran (its `claim_up_front`) and the handler had not used the fence
+    /// yet: the handler now holds that claim, reported as one made through
+    /// a pool (released by the middleware unless committed).
+    fn take_claim_made_up_front(&self) -> bool {
+        let Some(slot) = &self.report else {
+            return false;
+        };
+        let mut report = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match std::mem::take(&mut *report) {
+            FenceReport::ClaimedUpFront(release) => {
+                *report = FenceReport::Claimed(release);
+                true
+            }
+            other => {
+                *report = other;
+                false
+            }
         }
     }
 

@@ -21,6 +21,8 @@ mod handle;
 #[cfg(feature = "postgres")]
 mod sql;
 
+#[cfg(all(feature = "postgres", feature = "middleware"))]
+pub(crate) use handle::release_with;
 #[cfg(feature = "postgres")]
 pub use handle::{Commit, Fence, FenceClient, FenceTransaction, Hold, TableLayout};
 #[cfg(feature = "postgres")]
@@ -54,6 +56,10 @@ pub(crate) enum FenceReport {
     /// The fence was not used: the middleware's ordinary store policy applies.
     #[default]
     Unused,
+    /// Claimed durably by the middleware before the handler ran
+    /// (`claim_up_front`), and not used by the handler: the middleware
+    /// releases the claim, then its ordinary store policy applies.
+    ClaimedUpFront(Release),
     /// Claimed, but not committed through the fence (rolled back, failed, or
     /// committed by hand): nothing is known to be stored. A durable claim
     /// made through a pool comes with it, for the middleware to release.
@@ -73,6 +79,16 @@ pub(crate) enum FenceReport {
 pub(crate) struct Release {
     #[cfg(feature = "postgres")]
     pub(crate) pool: Option<deadpool_postgres::Pool>,
+}
+
+impl FenceReport {
+    /// Gives up the durable claim this report holds, if any (see
+    /// [`Release::run`]): for a handler that failed or panicked.
+    pub(crate) async fn release_claim(self, key: &str, token: u64) {
+        if let FenceReport::Claimed(release) | FenceReport::ClaimedUpFront(release) = self {
+            release.run(key, token).await;
+        }
+    }
 }
 
 impl Release {

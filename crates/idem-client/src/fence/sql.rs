@@ -277,12 +277,23 @@ const COMPLETE_TYPES: &[Type] = &[
 /// Where the fence's statements run: a transaction or a connection, with a
 /// statement cache (deadpool's) or without (one round trip, planned anew).
 pub(crate) trait Exec: Send + Sync {
+    /// Sends `sql` on the first poll of the future (after a statement-cache
+    /// hit, which needs no round trip), so futures polled in turn pipeline
+    /// in that order.
     fn query<'s>(
         &'s self,
         sql: &'static str,
         types: &'static [Type],
         params: &'s [&'s (dyn ToSql + Sync)],
     ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>>;
+
+    /// Puts `sql` in the statement cache, if there is one, so that a
+    /// following `query` of it is sent at once.
+    fn prepare<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [Type],
+    ) -> BoxFuture<'s, Result<(), tokio_postgres::Error>>;
 }
 
 /// Runs `sql` on `client`: prepared once per connection through `cache`
@@ -325,6 +336,14 @@ impl<'a, T: FenceTransaction<'a>> Exec for T {
             }
         })
     }
+
+    fn prepare<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [Type],
+    ) -> BoxFuture<'s, Result<(), tokio_postgres::Error>> {
+        Box::pin(async move { self.cached_statement(sql, types).await.map(drop) })
+    }
 }
 
 impl Exec for tokio_postgres::Client {
@@ -335,6 +354,14 @@ impl Exec for tokio_postgres::Client {
         params: &'s [&'s (dyn ToSql + Sync)],
     ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>> {
         Box::pin(run(self, None, sql, types, params))
+    }
+
+    fn prepare<'s>(
+        &'s self,
+        _sql: &'static str,
+        _types: &'static [Type],
+    ) -> BoxFuture<'s, Result<(), tokio_postgres::Error>> {
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 
@@ -347,6 +374,15 @@ impl Exec for deadpool_postgres::Object {
     ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>> {
         let wrapper: &deadpool_postgres::ClientWrapper = self;
         Box::pin(run(wrapper, Some(wrapper), sql, types, params))
+    }
+
+    fn prepare<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [Type],
+    ) -> BoxFuture<'s, Result<(), tokio_postgres::Error>> {
+        let wrapper: &deadpool_postgres::ClientWrapper = self;
+        Box::pin(async move { wrapper.prepare_typed_cached(sql, types).await.map(drop) })
     }
 }
 
@@ -550,12 +586,33 @@ fn claim_error(error: tokio_postgres::Error) -> IdemError {
     error.into()
 }
 
-/// The write gate in `tx` (see [`WRITE_GATE_SQL`]).
-async fn write_gate<E: Exec + ?Sized>(tx: &E, key: &str, guard: Guard) -> Result<(), IdemError> {
+/// A fenced write in `tx`: the write gate ([`WRITE_GATE_SQL`]) and then
+/// `sql` (a statement guarded by the key and token, answering a row when it
+/// wrote), pipelined: one round trip for both. The server runs them in the
+/// order sent, and both are prepared first (a connection's first use of a
+/// statement prepares it in a round trip of its own), so the gate is always
+/// sent, and taken, before `sql` locks the row: a claim takes the gate
+/// before the row, and the opposite order could deadlock with it. When the
+/// gate fails (`lock_timeout`), `sql` fails in the aborted transaction and
+/// the gate's error is the one returned.
+async fn gated_write<E: Exec + ?Sized>(
+    tx: &E,
+    key: &str,
+    guard: Guard,
+    sql: &'static str,
+    types: &'static [Type],
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<bool, IdemError> {
     let idle = guard.idle();
-    tx.query(WRITE_GATE_SQL, GATE_TYPES, &[&key, &idle, &idle])
-        .await?;
-    Ok(())
+    tx.prepare(WRITE_GATE_SQL, GATE_TYPES).await?;
+    tx.prepare(sql, types).await?;
+    let gate_params: [&(dyn ToSql + Sync); 3] = [&key, &idle, &idle];
+    let gate = tx.query(WRITE_GATE_SQL, GATE_TYPES, &gate_params);
+    let write = tx.query(sql, types, params);
+    // `join` polls the gate first: its first poll sends it.
+    let (gate, write) = futures_util::future::join(gate, write).await;
+    gate?;
+    Ok(write?.len() == 1)
 }
 
 /// After a fenced write found no row held with `token`: what the key holds.
@@ -586,7 +643,6 @@ pub(crate) async fn complete<E: Exec>(
     guard: Guard,
     response: &StoredResponse,
 ) -> Result<Written, IdemError> {
-    write_gate(tx, key, guard).await?;
     let status = i32::from(response.status);
     let body: &[u8] = &response.body;
     let headers: Vec<&[u8]> = response
@@ -594,14 +650,8 @@ pub(crate) async fn complete<E: Exec>(
         .iter()
         .flat_map(|(name, value)| [name.as_bytes(), value.as_ref()])
         .collect();
-    let updated = tx
-        .query(
-            COMPLETE_SQL,
-            COMPLETE_TYPES,
-            &[&key, &token, &status, &body, &headers],
-        )
-        .await?;
-    if updated.len() == 1 {
+    let params: [&(dyn ToSql + Sync); 5] = [&key, &token, &status, &body, &headers];
+    if gated_write(tx, key, guard, COMPLETE_SQL, COMPLETE_TYPES, &params).await? {
         Ok(Written::Held)
     } else {
         lost(tx, key, fingerprint_hex, token).await
@@ -618,11 +668,8 @@ pub(crate) async fn renew<E: Exec>(
     guard: Guard,
     lease_secs: f64,
 ) -> Result<Written, IdemError> {
-    write_gate(tx, key, guard).await?;
-    let updated = tx
-        .query(RENEW_SQL, RENEW_TYPES, &[&key, &token, &lease_secs])
-        .await?;
-    if updated.len() == 1 {
+    let params: [&(dyn ToSql + Sync); 3] = [&key, &token, &lease_secs];
+    if gated_write(tx, key, guard, RENEW_SQL, RENEW_TYPES, &params).await? {
         Ok(Written::Held)
     } else {
         lost(tx, key, fingerprint_hex, token).await

@@ -1,11 +1,17 @@
 //! `IDEM.BEGIN` with the layer's options, through read-through when it is
 //! configured: the first step of every request with a key, and of the
-//! second look after a `STALE` COMPLETE.
+//! second look after a `STALE` COMPLETE. With `claim_up_front`, the first
+//! BEGIN's read-through lookup is the fence's durable claim instead.
+
+use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::config::Config;
+use super::config::{Config, RequestFence};
 use crate::{BeginOptions, Fingerprint, IdemError, Outcome};
+
+/// `Retry-After` of a 409 the fence answers (another holder has the key).
+pub(crate) const FENCE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// BEGIN for `key` and `fingerprint` with the configured ttl, lease and wait.
 pub(crate) async fn begin<C>(
@@ -16,19 +22,123 @@ pub(crate) async fn begin<C>(
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let options = BeginOptions {
-        ttl: config.ttl,
-        lease: Some(config.lease),
-        wait: config.wait,
-    };
     #[cfg(feature = "postgres")]
     if let Some(read_through) = &config.read_through {
         return read_through
-            .begin(&config.client, key, fingerprint.as_bytes(), options)
+            .begin(&config.client, key, fingerprint.as_bytes(), options(config))
             .await;
     }
     config
         .client
-        .begin(key, fingerprint.as_bytes(), options)
+        .begin(key, fingerprint.as_bytes(), options(config))
         .await
+}
+
+/// A request's first BEGIN: [`begin`], or with `claim_up_front` (and
+/// read-through) BEGIN and then the fence's durable claim in place of the
+/// lookup. On `New` with the claim made, the request's fence holding it.
+pub(crate) async fn begin_request<C>(
+    config: &Config<C>,
+    key: &str,
+    fingerprint: &Fingerprint,
+) -> Result<(Outcome, Option<RequestFence>), IdemError>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    #[cfg(feature = "postgres")]
+    if let (true, Some(read_through)) = (config.claim_up_front, &config.read_through) {
+        return Box::pin(claim_up_front(config, read_through, key, fingerprint)).await;
+    }
+    Ok((begin(config, key, fingerprint).await?, None))
+}
+
+fn options<C>(config: &Config<C>) -> BeginOptions {
+    BeginOptions {
+        ttl: config.ttl,
+        lease: Some(config.lease),
+        wait: config.wait,
+    }
+}
+
+/// BEGIN, then on `new` the fence's durable claim through read-through's
+/// pool, bounded by its timeout. What the claim finds is answered as
+/// read-through answers a mirror row (a completed row refills Redis and is
+/// replayed; another request's row is a mismatch) and, beyond it, a live
+/// claim is in flight; in each the key is given back to Redis but for the
+/// refill. When Postgres does not answer, the key is released in Redis and
+/// the claim, which may have committed, in Postgres (in the background),
+/// and the error returned (`is_unavailable`: 503).
+#[cfg(feature = "postgres")]
+async fn claim_up_front<C>(
+    config: &Config<C>,
+    read_through: &crate::ReadThrough,
+    key: &str,
+    fingerprint: &Fingerprint,
+) -> Result<(Outcome, Option<RequestFence>), IdemError>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    use crate::fence::Claim;
+    use crate::Origin;
+
+    let client = &config.client;
+    let token = match client
+        .begin(key, fingerprint.as_bytes(), options(config))
+        .await?
+    {
+        Outcome::New { token } => token,
+        other => return Ok((other, None)),
+    };
+    let request_fence = config.request_fence(key, token, fingerprint);
+    let pool = read_through.pool();
+    let timeout = read_through.timeout();
+    let claim = match tokio::time::timeout(timeout, request_fence.fence.claim(pool)).await {
+        Ok(claim) => claim,
+        Err(_) => {
+            let (pool, key) = (pool.clone(), key.to_owned());
+            tokio::spawn(async move {
+                if let Err(err) = crate::fence::release_with(&pool, &key, token).await {
+                    tracing::warn!(key, error = %err, "could not release the fence's claim; it ends with its lease");
+                }
+            });
+            Err(IdemError::Postgres(format!(
+                "the fence's claim had no answer within {} ms",
+                timeout.as_millis()
+            )))
+        }
+    };
+    let outcome = match claim {
+        Ok(Claim::Proceed) => {
+            request_fence.claimed_up_front(pool.clone());
+            return Ok((Outcome::New { token }, Some(request_fence)));
+        }
+        Ok(Claim::Replay(stored)) => {
+            match client.complete(key, token, &stored, Origin::Mirror).await {
+                Ok(()) => {}
+                Err(err) => {
+                    // The row's answer stands; Redis just stays without it.
+                    tracing::warn!(key, error = %err, "could not refill redis from the fence's row");
+                    abort(config, key, token).await;
+                }
+            }
+            return Ok((Outcome::Replay(stored), None));
+        }
+        Ok(Claim::Mismatch) => Ok(Outcome::Mismatch),
+        Ok(Claim::InFlight) => Ok(Outcome::InFlight {
+            retry_after: FENCE_RETRY_AFTER,
+        }),
+        Err(err) => Err(err),
+    };
+    abort(config, key, token).await;
+    outcome.map(|outcome| (outcome, None))
+}
+
+#[cfg(feature = "postgres")]
+async fn abort<C>(config: &Config<C>, key: &str, token: u64)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    if let Err(err) = config.client.abort(key, token).await {
+        tracing::warn!(key, error = %err, "could not release an idempotency key");
+    }
 }

@@ -22,6 +22,8 @@ pub(crate) struct Config<C> {
     pub(crate) read_through: Option<ReadThrough>,
     #[cfg(feature = "postgres")]
     pub(crate) table_layout: TableLayout,
+    #[cfg(feature = "postgres")]
+    pub(crate) claim_up_front: bool,
     pub(crate) methods: Vec<Method>,
     pub(crate) header: HeaderName,
     pub(crate) required: bool,
@@ -48,6 +50,8 @@ impl<C: Clone> Clone for Config<C> {
             read_through: self.read_through.clone(),
             #[cfg(feature = "postgres")]
             table_layout: self.table_layout,
+            #[cfg(feature = "postgres")]
+            claim_up_front: self.claim_up_front,
             methods: self.methods.clone(),
             header: self.header.clone(),
             required: self.required,
@@ -69,31 +73,61 @@ impl<C: Clone> Clone for Config<C> {
 }
 
 impl<C> Config<C> {
-    /// Puts the `Fence` of a request about to run into its extensions (for
-    /// the configured table layout), and answers where the handler's use of
-    /// it is reported. Without the `postgres` feature there is no fence and
-    /// the report stays `Unused`.
-    pub(crate) fn attach_fence(
+    /// The `Fence` of a request about to run (for the configured table
+    /// layout and lease), and where the handler's use of it is reported.
+    /// Without the `postgres` feature there is no fence and the report stays
+    /// `Unused`.
+    pub(crate) fn request_fence(
         &self,
-        extensions: &mut Extensions,
         key: &str,
         token: u64,
         fingerprint: &Fingerprint,
-    ) -> Arc<Mutex<FenceReport>> {
+    ) -> RequestFence {
         #[cfg(feature = "postgres")]
         {
             let (fence, report) = Fence::new(key, token, fingerprint.as_bytes(), self.ttl)
                 .with_layout(self.table_layout)
                 .with_lease(self.lease)
                 .reporting();
-            extensions.insert(fence);
-            report
+            RequestFence { fence, report }
         }
         #[cfg(not(feature = "postgres"))]
         {
-            let _ = (extensions, key, token, fingerprint);
-            Arc::default()
+            let _ = (key, token, fingerprint);
+            RequestFence {
+                report: Arc::default(),
+            }
         }
+    }
+}
+
+/// A request's fence, and the report of what its handler did with it.
+pub(crate) struct RequestFence {
+    #[cfg(feature = "postgres")]
+    pub(crate) fence: Fence,
+    report: Arc<Mutex<FenceReport>>,
+}
+
+impl RequestFence {
+    /// Puts the fence into the request's extensions, for the handler.
+    pub(crate) fn attach(&self, extensions: &mut Extensions) {
+        #[cfg(feature = "postgres")]
+        extensions.insert(self.fence.clone());
+        #[cfg(not(feature = "postgres"))]
+        let _ = extensions;
+    }
+
+    /// What the handler did with the fence, leaving `Unused`.
+    pub(crate) fn take_report(&self) -> FenceReport {
+        std::mem::take(&mut *self.report.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Marks the fence's claim as made by the middleware before the handler
+    /// ran, through `pool`.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn claimed_up_front(&self, pool: deadpool_postgres::Pool) {
+        *self.report.lock().unwrap_or_else(|p| p.into_inner()) =
+            FenceReport::ClaimedUpFront(crate::fence::Release { pool: Some(pool) });
     }
 }
 

@@ -26,17 +26,14 @@ use redis::aio::ConnectionLike;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use super::begin::begin;
+use super::begin::{begin_request, FENCE_RETRY_AFTER};
 use super::body::{collect_limited, BoxError, Collected, IdemBody};
-use super::config::Config;
+use super::config::{Config, RequestFence};
 use super::key::redis_key;
 use super::problem::{replay_response, Problem};
 use super::store::Held;
 use crate::fence::{Claim, FenceReport};
 use crate::{Fingerprint, IdemError, Outcome};
-
-/// `Retry-After` of a 409 the fence answers (another transaction holds the key).
-const FENCE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 pub(crate) async fn handle<S, C, ReqBody, ResBody>(
     config: Arc<Config<C>>,
@@ -80,16 +77,17 @@ where
         (request, key, fingerprint)
     };
 
-    match begin(&config, &key, &fingerprint).await {
-        Ok(Outcome::New { token }) => {
-            run_new(config, inner, request, key, token, fingerprint).await
+    match begin_request(&config, &key, &fingerprint).await {
+        Ok((Outcome::New { token }, fence)) => {
+            let fence = fence.unwrap_or_else(|| config.request_fence(&key, token, &fingerprint));
+            run_new(config, inner, request, key, token, fingerprint, fence).await
         }
-        Ok(Outcome::InFlight { retry_after }) => {
+        Ok((Outcome::InFlight { retry_after }, _)) => {
             let retry_after = retry_after.min(config.max_retry_after);
             Ok(Problem::InFlight { retry_after }.into_response())
         }
-        Ok(Outcome::Replay(stored)) => Ok(replay_response(stored)),
-        Ok(Outcome::Mismatch) => Ok(Problem::Mismatch.into_response()),
+        Ok((Outcome::Replay(stored), _)) => Ok(replay_response(stored)),
+        Ok((Outcome::Mismatch, _)) => Ok(Problem::Mismatch.into_response()),
         Err(err) if err.is_unreachable() && config.fail_open => {
             tracing::warn!(error = %err, "idempotency store unavailable; running the request unprotected (fail-open)");
             let response = Box::pin(inner.oneshot(request)).await?;
@@ -106,8 +104,9 @@ where
     }
 }
 
-/// Runs the handler and settles the key. A panic in the handler releases
-/// the key and is passed on.
+/// Runs the handler with `fence` and settles the key. A panic in the
+/// handler releases the key (and a durable claim its fence made through a
+/// pool) and is passed on.
 async fn run_new<S, C, ReqBody, ResBody>(
     config: Arc<Config<C>>,
     inner: S,
@@ -115,6 +114,7 @@ async fn run_new<S, C, ReqBody, ResBody>(
     key: String,
     token: u64,
     fingerprint: Fingerprint,
+    fence: RequestFence,
 ) -> Result<Response<IdemBody<ResBody>>, S::Error>
 where
     S: Service<Request<IdemBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
@@ -131,12 +131,13 @@ where
         token,
         fingerprint: &fingerprint,
     };
-    let outcome = AssertUnwindSafe(execute(&held, inner, request))
+    let outcome = AssertUnwindSafe(execute(&held, &fence, inner, request))
         .catch_unwind()
         .await;
     match outcome {
         Ok(result) => result,
         Err(panic) => {
+            fence.take_report().release_claim(&key, token).await;
             held.release().await;
             std::panic::resume_unwind(panic)
         }
@@ -205,6 +206,7 @@ impl<T> Drop for Detaching<T> {
 
 async fn execute<S, C, ReqBody, ResBody>(
     held: &Held<'_, C>,
+    fence: &RequestFence,
     inner: S,
     mut request: Request<IdemBody<ReqBody>>,
 ) -> Result<Response<IdemBody<ResBody>>, S::Error>
@@ -216,7 +218,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let (config, key) = (held.config, held.key);
-    let report = config.attach_fence(request.extensions_mut(), key, held.token, held.fingerprint);
+    fence.attach(request.extensions_mut());
     let limit = config.max_response_body;
     // Pinned here and lent to `keep_lease`: moved in, it would be stored
     // twice in the flow's state (as the argument and as its pinned local).
@@ -226,7 +228,7 @@ where
         Ok((parts, collect_limited(body, limit).await))
     });
     let outcome = keep_lease(config, key, held.token, work).await;
-    let report = std::mem::take(&mut *report.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut report = fence.take_report();
     let (parts, collected) = match outcome {
         Ok(done) => done,
         Err(err) => {
@@ -234,6 +236,12 @@ where
             return Err(err);
         }
     };
+    if let FenceReport::ClaimedUpFront(release) = report {
+        // The handler did not use the claim the layer made for it: give it
+        // up, then store the handler's response as any other.
+        release.run(key, held.token).await;
+        report = FenceReport::Unused;
+    }
     if !matches!(report, FenceReport::Unused) {
         if let Some(answer) = Box::pin(settle_fence(held, report)).await {
             return Ok(answer);
@@ -291,7 +299,7 @@ where
         // fate unknown): the effect did not happen or a retry's claim finds
         // it. A durable claim is given up first, so the retry Redis lets in
         // next proceeds at once.
-        FenceReport::Claimed(release) => {
+        FenceReport::Claimed(release) | FenceReport::ClaimedUpFront(release) => {
             release.run(held.key, held.token).await;
             held.release().await;
             None

@@ -86,6 +86,8 @@ impl<C> IdempotencyLayer<C> {
                 read_through: None,
                 #[cfg(feature = "postgres")]
                 table_layout: TableLayout::Unpartitioned,
+                #[cfg(feature = "postgres")]
+                claim_up_front: false,
                 methods: vec![Method::POST, Method::PATCH],
                 header: HeaderName::from_static("idempotency-key"),
                 required: false,
@@ -110,6 +112,23 @@ impl<C> IdempotencyLayer<C> {
     #[cfg(feature = "postgres")]
     pub fn read_through(mut self, read_through: ReadThrough) -> Self {
         self.config.read_through = Some(read_through);
+        self
+    }
+
+    /// Claim every request's fence durably before its handler runs, in
+    /// place of read-through's lookup (default: off; needs `read_through`,
+    /// whose pool and timeout it uses). The fence's claim answers what the
+    /// lookup would and more, in one statement: a completed row is replayed
+    /// (and refilled into Redis), a row of another request is 422, a live
+    /// claim of this request (Redis forgot the key while its holder runs) is
+    /// 409; otherwise the handler runs holding the claim, and its
+    /// `fence.claim(..)` answers `Proceed` with no round trip. For layers
+    /// whose handlers all use the fence: a handler that does not has the
+    /// claim released after it returns (one more statement) before its
+    /// response is stored as usual. docs/fence.md, "Claiming up front".
+    #[cfg(feature = "postgres")]
+    pub fn claim_up_front(mut self, claim_up_front: bool) -> Self {
+        self.config.claim_up_front = claim_up_front;
         self
     }
 

@@ -56,9 +56,11 @@ impl TestApp {
                 .expect("mirror migration");
         }
         let read_through = options.read_through.then(|| pool.clone());
+        // As payments-api runs with the fence: the claim up front.
         let mut layer = idempotency_layer(&redis.url(), read_through, Transport::Auto)
             .await
-            .expect("layer");
+            .expect("layer")
+            .claim_up_front(true);
         if let Some(wait) = options.wait {
             layer = layer.wait_for_result(wait);
         }
