@@ -6,7 +6,11 @@
 #   - Postgres: $DATABASE_URL when set, else a throwaway cluster in
 #     .data/postgres on port $PG_PORT (5433, or the next free one)
 #   - the mirror writer (metrics on 127.0.0.1:$METRICS_PORT, 9187)
-#   - the example payments API on http://127.0.0.1:$PORT (8080)
+#   - the example payments API on http://127.0.0.1:$PORT (8080): the Rust
+#     one (examples/payments-api), or with APP=python or APP=node the same
+#     API in Python (examples/payments-python) or Node
+#     (examples/payments-node), each started by its `serve`, which installs
+#     its dependencies on first use
 # It shows the four IDEM outcomes with redis-cli, prints curl commands that
 # show the four HTTP outcomes, and stops everything it started on Ctrl-C.
 # Logs: .data/logs/. Other knobs: PROCESSOR_DELAY_MS (simulated payment
@@ -21,6 +25,7 @@ REDIS_PORT=${REDIS_PORT:-6390}
 PORT=${PORT:-8080}
 METRICS_PORT=${METRICS_PORT:-9187}
 PROCESSOR_DELAY_MS=${PROCESSOR_DELAY_MS:-2000}
+APP=${APP:-rust}
 DATA=$ROOT/.data
 LOGS=$DATA/logs
 
@@ -32,6 +37,18 @@ ensure_base_packages
 ensure_packages curl:curl
 command -v cargo >/dev/null 2>&1 ||
   die "Rust is required (cargo not found): install it with rustup, then rerun"
+
+case $APP in
+  rust) api=(target/release/payments-api) ;;
+  python | node) api=("examples/payments-$APP/serve") ;;
+  *) die "APP=$APP: use rust, python or node" ;;
+esac
+if [[ $APP == python ]]; then
+  ensure_packages python3:python3
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 ||
+    ensure_packages /usr/share/doc/python3-venv:python3-venv
+fi
+[[ $APP == node ]] && ensure_packages node:nodejs npm:npm
 
 for port in "$REDIS_PORT" "$PORT" "$METRICS_PORT"; do
   port_open "$port" && die "port $port is in use (set REDIS_PORT, PORT or METRICS_PORT)"
@@ -113,12 +130,16 @@ say "starting the mirror writer (metrics on http://127.0.0.1:$METRICS_PORT/metri
 start writer "$LOGS/writer.log" target/release/idem-writer run \
   --redis "$REDIS_URL" --database-url "$DATABASE_URL" --metrics-addr "127.0.0.1:$METRICS_PORT"
 
-say "starting the payments API on http://127.0.0.1:$PORT"
+if [[ $APP != rust ]]; then
+  say "installing the $APP example's dependencies (first run only)"
+  "${api[0]}" --install-only
+fi
+say "starting the payments API ($APP) on http://127.0.0.1:$PORT"
 start payments-api "$LOGS/api.log" env REDIS_URL="$REDIS_URL" DATABASE_URL="$DATABASE_URL" \
   PORT="$PORT" PROCESSOR_DELAY_MS="$PROCESSOR_DELAY_MS" ${WAIT_MS:+WAIT_MS="$WAIT_MS"} \
-  target/release/payments-api
+  IDEM_WRITER="$ROOT/target/release/idem-writer" "${api[@]}"
 api_up() { port_open "$PORT"; }
-wait_for payments-api 30 api_up
+wait_for payments-api 60 api_up
 writer_up() { port_open "$METRICS_PORT"; }
 wait_for idem-writer 30 writer_up
 
