@@ -74,10 +74,12 @@ def pool(database_url: str, max_size: int) -> AsyncConnectionPool[psycopg.AsyncC
 
 
 def writer_binary() -> str | None:
-    """``$IDEM_WRITER``, the workspace's release build, or ``idem-writer`` on PATH."""
+    """``$IDEM_WRITER``, the workspace's release build (``$CARGO_TARGET_DIR``
+    or ``target``), or ``idem-writer`` on PATH."""
     if env := os.environ.get("IDEM_WRITER"):
         return env
-    built = Path(__file__).resolve().parents[3] / "target/release/idem-writer"
+    repo = Path(__file__).resolve().parents[3]
+    built = Path(os.environ.get("CARGO_TARGET_DIR", repo / "target")) / "release/idem-writer"
     return str(built) if built.exists() else shutil.which("idem-writer")
 
 
