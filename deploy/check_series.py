@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks deploy/: the Grafana dashboard is valid JSON of the expected shape,
 and every PromQL query in it and in the Prometheus rules names only series
-the code exports, the rules' own recordings, or Prometheus' `up`.
+the code exports, the rules' own recordings, or Prometheus' `up`; and
+every alert's `runbook` annotation points at a section of the runbook.
 
 The exported series are read from the code's one list of names: the
 `names` modules of crates/idem-client/src/middleware/metrics.rs and
@@ -26,6 +27,7 @@ NAME_SOURCES = [
 ]
 RULES = ROOT / "deploy/prometheus/idem-rules.yml"
 DASHBOARD = ROOT / "deploy/grafana/idem.json"
+RUNBOOK = ROOT / "docs/operations/runbook.md"
 PROMETHEUS_OWN = {"up"}
 KEYWORDS = {
     "and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
@@ -108,10 +110,22 @@ def dashboard_queries(problems: list[str]) -> list[tuple[str, str]]:
     return queries
 
 
+def heading_ids(markdown: str) -> set[str]:
+    """The ids mdBook gives the headings: lowercase, spaces as dashes."""
+    ids = set()
+    for line in markdown.splitlines():
+        match = re.match(r"#+\s+(.*)", line)
+        if match:
+            text = re.sub(r"[^\w\s-]", "", match.group(1)).strip().lower()
+            ids.add(re.sub(r"\s", "-", text))
+    return ids
+
+
 def main() -> int:
     problems: list[str] = []
     known = exported()
     rules = yaml.safe_load(RULES.read_text())
+    sections = heading_ids(RUNBOOK.read_text())
     queries: list[tuple[str, str]] = []
     recorded = set()
     for group in rules["groups"]:
@@ -119,6 +133,11 @@ def main() -> int:
             if "record" in rule:
                 recorded.add(rule["record"])
             queries.append((f"rule {rule.get('record') or rule.get('alert')}", rule["expr"]))
+            if "alert" in rule:
+                runbook = rule.get("annotations", {}).get("runbook", "")
+                page, _, anchor = runbook.partition("#")
+                if page != "docs/operations/runbook.md" or anchor not in sections:
+                    problems.append(f"alert {rule['alert']}: runbook {runbook!r} is no runbook section")
     queries += dashboard_queries(problems)
     allowed = known | recorded | PROMETHEUS_OWN
     used = set()

@@ -16,6 +16,7 @@ use prometheus_client::registry::Registry;
 /// The series the writer exports, as a query names them (counters with
 /// their `_total`). scripts/test-ops.sh reads this module: every query in
 /// deploy/ must name one of these (or the middleware's).
+// ANCHOR: names
 pub mod names {
     /// Records committed to Postgres and acknowledged in Redis (`node`).
     pub const RECORDS_MIRRORED: &str = "idem_writer_records_mirrored_total";
@@ -46,6 +47,7 @@ pub mod names {
     /// 1 when the last Postgres exchange succeeded.
     pub const POSTGRES_UP: &str = "idem_writer_postgres_up";
 }
+// ANCHOR_END: names
 
 /// What went wrong, as the `kind` label of `idem_writer_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +88,7 @@ impl ErrorKind {
         ErrorKind::Topology,
     ];
 
+// ANCHOR: error_kinds
     pub fn label(self) -> &'static str {
         match self {
             ErrorKind::RedisConnect => "redis_connect",
@@ -101,6 +104,7 @@ impl ErrorKind {
         }
     }
 }
+// ANCHOR_END: error_kinds
 
 /// Upper bounds (seconds) of the batch latency histogram buckets.
 const LATENCY_BUCKETS: [f64; 13] = [
