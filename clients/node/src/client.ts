@@ -77,7 +77,8 @@ export class IdemClient {
     // Connection errors surface on the commands; the client reconnects on its own.
     client.on("error", () => undefined);
     try {
-      await client.connect();
+      // The first connection must come within the call timeout (node-redis would retry it forever).
+      await withTimeout(client.connect(), timeout);
     } catch (err) {
       client.destroy();
       throw fromRedis(err);

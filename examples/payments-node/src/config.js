@@ -1,0 +1,104 @@
+// @ts-check
+// Settings from the environment, the same variables, defaults and refusals
+// as examples/payments-api/src/config.rs: REDIS_URL, DATABASE_URL, PORT,
+// READ_THROUGH, WAIT_MS, LEASE_MS, PG_POOL_SIZE, PROCESSOR_DELAY_MS, FENCE.
+
+/**
+ * @typedef {object} Settings
+ * @property {string} redisUrl
+ * @property {string} databaseUrl
+ * @property {number} port The API listens on 127.0.0.1:port.
+ * @property {boolean} readThrough
+ * @property {number | null} waitMs Duplicates wait this long for the original's answer (off when null).
+ * @property {number} leaseMs
+ * @property {number} poolSize
+ * @property {number} processorDelayMs Simulated payment-processor latency per new payment (0 = none).
+ * @property {boolean} fence Commit each new payment with its idempotency row (default: on).
+ */
+
+/** A bad setting; its message names the variable as the Rust service does. */
+export class SettingsError extends Error {}
+
+const U64_MAX = (1n << 64n) - 1n;
+
+/**
+ * An unsigned integer as Rust's `str::parse` reads one (an optional `+`, digits), at most `max`.
+ * @param {string} text
+ * @param {bigint} max
+ * @returns {bigint | null}
+ */
+function unsigned(text, max) {
+  if (!/^\+?[0-9]+$/.test(text)) return null;
+  const n = BigInt(text);
+  return n <= max ? n : null;
+}
+
+/**
+ * @param {(name: string) => string | undefined} get
+ * @returns {Settings}
+ */
+export function fromLookup(get) {
+  const redisUrl = get("REDIS_URL") ?? "redis://127.0.0.1:6390/";
+  const databaseUrl = get("DATABASE_URL");
+  if (databaseUrl === undefined) throw new SettingsError("DATABASE_URL is not set");
+  const p = get("PORT");
+  let port = 8080;
+  if (p !== undefined) {
+    const n = unsigned(p, 65535n);
+    if (n === null) throw new SettingsError(`PORT=${JSON.stringify(p)} is not a port`);
+    port = Number(n);
+  }
+  const readThrough = toggle(get, "READ_THROUGH");
+  const fence = toggle(get, "FENCE");
+  const wait = millis(get, "WAIT_MS");
+  const lease = millis(get, "LEASE_MS");
+  const s = get("PG_POOL_SIZE");
+  let poolSize = 16;
+  if (s !== undefined) {
+    const n = unsigned(s, U64_MAX);
+    if (n === null) throw new SettingsError(`PG_POOL_SIZE=${JSON.stringify(s)} is not a number`);
+    poolSize = Number(n);
+  }
+  const delay = millis(get, "PROCESSOR_DELAY_MS");
+  return {
+    redisUrl,
+    databaseUrl,
+    port,
+    readThrough,
+    waitMs: wait === null || wait === 0 ? null : wait,
+    leaseMs: lease ?? 30_000,
+    poolSize,
+    processorDelayMs: delay ?? 0,
+    fence,
+  };
+}
+
+/** @returns {Settings} */
+export function fromEnv() {
+  return fromLookup((name) => process.env[name]);
+}
+
+/**
+ * An on/off setting, on when unset.
+ * @param {(name: string) => string | undefined} get
+ * @param {string} name
+ */
+function toggle(get, name) {
+  const v = get(name);
+  if (v === undefined || v === "1" || v === "true" || v === "on") return true;
+  if (v === "0" || v === "false" || v === "off") return false;
+  throw new SettingsError(`${name}=${JSON.stringify(v)}: use on or off`);
+}
+
+/**
+ * @param {(name: string) => string | undefined} get
+ * @param {string} name
+ * @returns {number | null}
+ */
+function millis(get, name) {
+  const v = get(name);
+  if (v === undefined) return null;
+  const n = unsigned(v, U64_MAX);
+  if (n === null) throw new SettingsError(`${name}=${JSON.stringify(v)} is not a number of milliseconds`);
+  return Number(n);
+}

@@ -1,0 +1,55 @@
+// @ts-check
+// payments-node: the example payments API on 127.0.0.1:$PORT, the Node twin
+// of examples/payments-api (same HTTP API, tables, processor simulation and
+// environment; see config.js). Exits non-zero with the reason on stderr when
+// a setting is bad or Redis or Postgres cannot be reached at start.
+import { IdemClient, ReadThrough } from "idem-client";
+import { fromEnv, SettingsError } from "./config.js";
+import * as db from "./db.js";
+import { Processor } from "./processor.js";
+import { buildApp } from "./app.js";
+
+const log = (/** @type {string} */ msg) => process.stderr.write(`${new Date().toISOString()} ${msg}\n`);
+
+async function main() {
+  const settings = fromEnv();
+  const pool = db.pool(settings.databaseUrl, settings.poolSize);
+  try {
+    await db.migrate(pool);
+  } catch (err) {
+    throw new Error(`migrate: ${String(err)}`, { cause: err });
+  }
+  let client;
+  try {
+    client = await IdemClient.connect(settings.redisUrl);
+  } catch (err) {
+    throw new Error(`connect to Redis: ${String(err)}`, { cause: err });
+  }
+  const state = { db: pool, processor: new Processor(pool, settings.processorDelayMs), fence: settings.fence, log };
+  const app = await buildApp(state, {
+    client,
+    leaseMs: settings.leaseMs,
+    ...(settings.readThrough ? { readThrough: new ReadThrough(pool) } : {}),
+    ...(settings.waitMs !== null ? { waitForResultMs: settings.waitMs } : {}),
+    logger: { warn: log, error: log },
+  });
+  await app.listen({ host: "127.0.0.1", port: settings.port });
+  log(`payments API listening on http://127.0.0.1:${settings.port} (read_through=${settings.readThrough}, fence=${settings.fence})`);
+  let stopping = false;
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    log("shutting down");
+    await app.close();
+    await client.close().catch(() => undefined);
+    await pool.end().catch(() => undefined);
+    process.exit(0);
+  };
+  process.on("SIGTERM", stop);
+  process.on("SIGINT", stop);
+}
+
+main().catch((err) => {
+  process.stderr.write(`Error: ${err instanceof SettingsError || err instanceof Error ? err.message : String(err)}\n`);
+  process.exit(1);
+});
