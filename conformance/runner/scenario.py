@@ -29,6 +29,25 @@ _PLACEHOLDER = re.compile(r"\{(uid|i|[a-z_0-9]+\.[a-z_0-9]+)\}")
 _OFFSET = re.compile(r"\{(\d+)\+i\}")
 
 
+EXPECTATIONS = {
+    "status", "replayed", "headers", "problem", "key_error", "retry_after", "json",
+    "json_members", "error", "same_body_as", "other_body_than", "transport_error",
+}  # fmt: skip
+ACTIONS = {
+    "send", "await", "storm", "clients", "sleep_ms", "redis", "writer", "app",
+    "wait_mirrored", "db", "tally_wait", "tally",
+}  # fmt: skip
+STEP_OPTIONS = {
+    "note", "as", "background", "expect", "retry_on", "within_ms", "instance",
+    "known_differences",
+}  # fmt: skip
+REQUEST_FIELDS = {
+    "method", "path", "instance", "key", "key_lines", "tenant", "json", "body",
+    "body_repeat", "content_type", "headers",
+}  # fmt: skip
+STORM_EXPECTATIONS = {"each", "originals", "all_status", "successes_same_body"}
+
+
 class Failed(AssertionError):
     """A scenario's expectation did not hold."""
 
@@ -143,6 +162,9 @@ class Run:
     # ------------------------------------------------------------ expectations
 
     def check(self, reply: Reply, expect: dict[str, Any], what: str) -> None:
+        unknown = set(expect) - EXPECTATIONS
+        if unknown:
+            raise Failed(f"{what}: unknown expectation(s) {sorted(unknown)}")
         expect = self.fill(expect)
 
         def fail(message: str) -> Failed:
@@ -240,6 +262,11 @@ class Run:
         return tally
 
     async def step(self, step: dict[str, Any], what: str) -> dict[str, Any] | None:
+        action = set(step) & ACTIONS
+        if len(action) != 1 or not set(step) <= ACTIONS | STEP_OPTIONS:
+            raise Failed(f"{what}: a step has one action of {sorted(ACTIONS)}: {sorted(step)}")
+        if "send" in step and not set(step["send"]) <= REQUEST_FIELDS:
+            raise Failed(f"{what}: unknown request field(s) {set(step['send']) - REQUEST_FIELDS}")
         if "send" in step:
             if step.get("background"):
                 self.background[step["as"]] = asyncio.ensure_future(self.send(step["send"]))
@@ -300,6 +327,8 @@ class Run:
         return None
 
     async def storm(self, spec: dict[str, Any], expect: dict[str, Any], what: str) -> None:
+        if not set(expect) <= STORM_EXPECTATIONS:
+            raise Failed(f"{what}: unknown storm expectation(s) {set(expect) - STORM_EXPECTATIONS}")
         count = int(spec["count"])
         replies = await asyncio.gather(*(self.send(spec["request"]) for _ in range(count)))
         for n, reply in enumerate(replies):
