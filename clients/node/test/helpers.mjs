@@ -162,6 +162,28 @@ export function migrations(layout = "unpartitioned") {
   return [first, ...files.filter((f) => !f.startsWith("0001_"))].map((f) => readFileSync(join(dir, f), "utf8"));
 }
 
+/** An empty database of its own, dropped when the file's tests end (the example migrates it itself). */
+export async function emptyDatabase() {
+  const name = `idem_node_${randomUUID().replaceAll("-", "").slice(0, 12)}`;
+  await admin(`CREATE DATABASE "${name}"`);
+  const url = withDb(ADMIN_URL, name);
+  const pools = [];
+  cleanup(async () => {
+    for (const p of pools) await p.end().catch(() => undefined);
+    await admin(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
+  });
+  return {
+    url,
+    name,
+    pool(max = 4) {
+      const p = new pg.Pool({ connectionString: url, max });
+      p.on("error", () => undefined);
+      pools.push(p);
+      return p;
+    },
+  };
+}
+
 /** A database of its own with idempotency_keys (and a payments table for the fence), dropped when the file's tests end. */
 export async function database(layout = "unpartitioned") {
   const name = `idem_node_${randomUUID().replaceAll("-", "").slice(0, 12)}`;

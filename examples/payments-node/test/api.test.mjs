@@ -1,0 +1,166 @@
+// The example as a process started through `serve`, against a redis-server
+// with the module and a database of its own: the HTTP API of
+// examples/payments-api (the four outcomes, GET, validation, 405, tenants),
+// bad settings refused at start, and Redis forgetting keys mid-flight with
+// the fence (no key paid or charged twice) and without it (the doubles
+// appear: teeth).
+import { test, before } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { startRedis, emptyDatabase, freePort, cleanup, sleep } from "../../../clients/node/test/helpers.mjs";
+import { request } from "../../../clients/node/test/apps.mjs";
+
+const SERVE = fileURLToPath(new URL("../serve", import.meta.url));
+let redis;
+
+before(async () => {
+  redis = await startRedis();
+});
+
+/** Starts the app with `env` on a fresh database; resolves once GET /payments/0 answers. */
+async function startApp(env = {}) {
+  const db = await emptyDatabase();
+  const port = await freePort();
+  const proc = spawn(SERVE, [], {
+    env: { ...process.env, REDIS_URL: redis.url, DATABASE_URL: db.url, PORT: String(port), PG_POOL_SIZE: "8", ...env },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let stderr = "";
+  proc.stderr.on("data", (c) => (stderr += c));
+  const exited = new Promise((resolve) => proc.once("exit", resolve));
+  const stop = async () => {
+    if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGTERM");
+    return exited;
+  };
+  cleanup(stop);
+  const url = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 300; i++) {
+    if (proc.exitCode !== null) throw new Error(`the app exited: ${stderr}`);
+    const res = await request(url, { method: "GET", path: "/payments/0" }).catch(() => null);
+    if (res?.status === 404) break;
+    await sleep(50);
+  }
+  const pool = db.pool();
+  return {
+    url,
+    stop,
+    stderr: () => stderr,
+    async count(sql, params) {
+      return (await pool.query(sql, params)).rows;
+    },
+  };
+}
+
+const JSON_CT = ["content-type", "application/json"];
+const pay = (app, key, body, tenant) =>
+  request(app.url, {
+    path: "/payments",
+    headers: [...(key ? [["idempotency-key", key]] : []), ...(tenant ? [["x-account-id", tenant]] : []), JSON_CT],
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+
+test("the HTTP API: the four outcomes, GET, validation, 405, tenants", async () => {
+  const app = await startApp({ PROCESSOR_DELAY_MS: "300" });
+  const body = { amount: 500, currency: "EUR", recipient: " alice " };
+  const [first, during] = await Promise.all([pay(app, "k1", body, "acct"), sleep(100).then(() => pay(app, "k1", body, "acct"))]);
+  assert.equal(first.status, 201, first.text);
+  const payment = JSON.parse(first.text);
+  assert.deepEqual(Object.keys(payment), ["id", "amount", "currency", "recipient", "created_at"]);
+  assert.equal(payment.recipient, "alice");
+  assert.match(payment.created_at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/);
+  assert.equal(first.headers.location, `/payments/${payment.id}`);
+  assert.equal(during.status, 409);
+  assert.ok(["1", "2"].includes(during.headers["retry-after"]));
+  const replay = await pay(app, "k1", { recipient: " alice ", currency: "EUR", amount: 500 }, "acct");
+  assert.equal(replay.status, 201);
+  assert.equal(replay.text, first.text);
+  assert.equal(replay.headers["idempotent-replayed"], "true");
+  assert.equal((await pay(app, "k1", { ...body, amount: 501 }, "acct")).status, 422);
+  const other = await pay(app, "k1", body, "acct-2");
+  assert.equal(other.status, 201);
+  assert.notEqual(JSON.parse(other.text).id, payment.id, "another tenant's key is its own");
+  const got = await request(app.url, { method: "GET", path: `/payments/${payment.id}` });
+  assert.equal(got.status, 200);
+  assert.deepEqual(JSON.parse(got.text), payment);
+  assert.equal((await request(app.url, { method: "GET", path: "/payments/99999999999999999999" })).status, 400);
+  assert.equal((await request(app.url, { method: "GET", path: "/payments/abc" })).status, 400);
+  assert.equal(JSON.parse((await request(app.url, { method: "GET", path: "/payments/0" })).text).error, "not_found");
+  assert.equal((await request(app.url, { method: "PUT", path: "/payments" })).status, 405);
+  assert.equal((await request(app.url, { method: "DELETE", path: "/payments/1" })).status, 405);
+  const bad = [
+    ["not json", 400, "invalid_json"],
+    ["", 400, "invalid_json"],
+    [{ amount: 5, currency: "EUR" }, 422, "invalid_payment"],
+    [{ amount: 5, currency: "EUR", recipient: "x", memo: 1 }, 422, "invalid_payment"],
+    [{ amount: "5", currency: "EUR", recipient: "x" }, 422, "invalid_payment"],
+    [{ amount: 1.5, currency: "EUR", recipient: "x" }, 422, "invalid_payment"],
+    [{ amount: 0, currency: "EUR", recipient: "x" }, 422, "invalid_payment"],
+    [{ amount: 5, currency: "eur", recipient: "x" }, 422, "invalid_payment"],
+    [{ amount: 5, currency: "EUR", recipient: "r".repeat(201) }, 422, "invalid_payment"],
+    ["[5, \"EUR\", \"x\"]", 422, "invalid_payment"],
+  ];
+  for (const [i, [b, status, code]] of bad.entries()) {
+    const res = await pay(app, `bad-${i}`, b);
+    assert.equal(res.status, status, JSON.stringify(b));
+    assert.equal(JSON.parse(res.text).error, code);
+    const again = await pay(app, `bad-${i}`, b);
+    assert.equal(again.headers["idempotent-replayed"], "true", "a 4xx is stored");
+  }
+  // A recipient Postgres refuses (a NUL byte) is a 500: not stored, the retry runs again.
+  const nul = { amount: 5, currency: "EUR", recipient: "a\u0000b" };
+  assert.equal((await pay(app, "nul", nul)).status, 500);
+  assert.equal((await pay(app, "nul", nul)).headers["idempotent-replayed"], undefined);
+  // No key: no idempotency, each request pays.
+  assert.equal((await pay(app, null, body)).status, 201);
+  await app.stop();
+});
+
+test("bad settings are refused before the service starts", async () => {
+  for (const [env, message] of [[{ FENCE: "maybe" }, 'FENCE="maybe": use on or off'], [{ PORT: "70000" }, 'PORT="70000"']]) {
+    const proc = spawn(SERVE, [], { env: { ...process.env, DATABASE_URL: "postgres://127.0.0.1:1/none", ...env }, stdio: ["ignore", "ignore", "pipe"] });
+    let stderr = "";
+    proc.stderr.on("data", (c) => (stderr += c));
+    const code = await new Promise((resolve) => proc.once("exit", resolve));
+    assert.notEqual(code, 0);
+    assert.ok(stderr.includes(message), stderr);
+  }
+});
+
+/** Redis forgets every in-progress key while the originals are in the processor; each key's retry arrives. */
+async function redisForgetsMidFlight(fence) {
+  const app = await startApp({ FENCE: fence, PROCESSOR_DELAY_MS: "800", LEASE_MS: "3000", READ_THROUGH: "on" });
+  const raw = await redis.raw();
+  const keys = Array.from({ length: 6 }, (_, i) => `chaos-${fence}-${i}`);
+  const body = (k) => ({ amount: 100, currency: "EUR", recipient: k });
+  // Well-behaved clients: each retries on 409 until answered.
+  const client = async (k) => {
+    for (let i = 0; i < 100; i++) {
+      const res = await pay(app, k, body(k));
+      if (res.status !== 409) return res;
+      await sleep(100);
+    }
+    throw new Error("still 409");
+  };
+  const originals = keys.map(client);
+  await sleep(300);
+  await raw.flushAll();
+  const retries = keys.map(client);
+  const answers = await Promise.all([...originals, ...retries]);
+  for (const a of answers) assert.equal(a.status, 201, a.text);
+  const paid = await app.count("SELECT recipient, count(*)::int AS n FROM payments GROUP BY recipient");
+  const charged = await app.count("SELECT count(*)::int AS n FROM processor_charges");
+  await app.stop();
+  return { doubles: paid.filter((r) => r.n > 1).length, payments: paid.reduce((s, r) => s + r.n, 0), charges: charged[0].n };
+}
+
+test("Redis forgets keys mid-flight: with the fence no key is paid or charged twice", async () => {
+  const r = await redisForgetsMidFlight("on");
+  assert.deepEqual(r, { doubles: 0, payments: 6, charges: 6 });
+});
+
+test("teeth: the same without the fence pays every key twice", async () => {
+  const r = await redisForgetsMidFlight("off");
+  assert.equal(r.doubles, 6, JSON.stringify(r));
+  assert.equal(r.charges, 12);
+});

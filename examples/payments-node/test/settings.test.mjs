@@ -1,0 +1,78 @@
+// The environment, as examples/payments-api/src/config.rs reads it (the
+// same defaults, and the same refusals, naming the variable); the DDL and
+// advisory locks shared with the Rust example and the writer, held to their
+// Rust sources so the two cannot drift apart.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { fromLookup } from "../src/config.js";
+import * as db from "../src/db.js";
+
+const REPO = new URL("../../../", import.meta.url);
+const settings = (vars) => fromLookup((name) => vars[name]);
+
+test("defaults", () => {
+  assert.deepEqual(settings({ DATABASE_URL: "postgres://x/db" }), {
+    redisUrl: "redis://127.0.0.1:6390/",
+    databaseUrl: "postgres://x/db",
+    port: 8080,
+    readThrough: true,
+    waitMs: null,
+    leaseMs: 30000,
+    poolSize: 16,
+    processorDelayMs: 0,
+    fence: true,
+  });
+});
+
+test("overrides", () => {
+  const s = settings({
+    DATABASE_URL: "x", PORT: "9000", READ_THROUGH: "off", WAIT_MS: "5000", FENCE: "0", LEASE_MS: "+250",
+    PG_POOL_SIZE: "4", PROCESSOR_DELAY_MS: "100", REDIS_URL: "redis://h:1/",
+  });
+  assert.equal(s.port, 9000);
+  assert.equal(s.readThrough, false);
+  assert.equal(s.fence, false);
+  assert.equal(s.waitMs, 5000);
+  assert.equal(s.leaseMs, 250);
+  assert.equal(s.poolSize, 4);
+  assert.equal(s.processorDelayMs, 100);
+  assert.equal(s.redisUrl, "redis://h:1/");
+  assert.equal(settings({ DATABASE_URL: "x", WAIT_MS: "0" }).waitMs, null, "a wait of 0 is no wait");
+  for (const on of ["1", "true", "on"]) assert.equal(settings({ DATABASE_URL: "x", FENCE: on }).fence, true);
+});
+
+test("bad values are refused, naming the variable as the Rust service does", () => {
+  const cases = [
+    [{}, "DATABASE_URL is not set"],
+    [{ PORT: "http" }, 'PORT="http" is not a port'],
+    [{ PORT: "70000" }, 'PORT="70000" is not a port'],
+    [{ READ_THROUGH: "maybe" }, 'READ_THROUGH="maybe": use on or off'],
+    [{ FENCE: "maybe" }, 'FENCE="maybe": use on or off'],
+    [{ WAIT_MS: "soon" }, 'WAIT_MS="soon" is not a number of milliseconds'],
+    [{ LEASE_MS: "-1" }, 'LEASE_MS="-1" is not a number of milliseconds'],
+    [{ PROCESSOR_DELAY_MS: "1.5" }, 'PROCESSOR_DELAY_MS="1.5" is not a number of milliseconds'],
+    [{ PG_POOL_SIZE: "many" }, 'PG_POOL_SIZE="many"'],
+  ];
+  for (const [vars, message] of cases) {
+    const env = Object.keys(vars).length === 0 ? {} : { DATABASE_URL: "x", ...vars };
+    assert.throws(() => settings(env), (err) => err.message.includes(message), message);
+  }
+});
+
+test("the payments DDL is the Rust example's, and the advisory locks are the writer's and the example's", () => {
+  const rustDb = readFileSync(new URL("examples/payments-api/src/db.rs", REPO), "utf8");
+  const rustProcessor = readFileSync(new URL("examples/payments-api/src/processor.rs", REPO), "utf8");
+  const writer = readFileSync(new URL("crates/idem-writer/src/migrate.rs", REPO), "utf8");
+  assert.ok(rustDb.includes(`"${db.CREATE_PAYMENTS}"`), "CREATE_PAYMENTS differs from examples/payments-api/src/db.rs");
+  assert.ok(rustProcessor.includes(`"${db.CREATE_CHARGES}"`), "CREATE_CHARGES differs from examples/payments-api/src/processor.rs");
+  const hex = (n) => "0x" + BigInt(n).toString(16).match(/.{4}/g).join("_");
+  assert.ok(writer.includes(`MIGRATION_LOCK_ID: i64 = ${hex(db.WRITER_MIGRATION_LOCK)};`), hex(db.WRITER_MIGRATION_LOCK));
+  assert.ok(rustDb.includes(`MIGRATION_LOCK_ID: i64 = ${hex(db.MIGRATION_LOCK)};`), hex(db.MIGRATION_LOCK));
+  const versions = [...writer.matchAll(/version: (\d+),\s+name: "([a-z_]+)",\s+sql: include_str!\("..\/migrations\/(\d{4})_([a-z_]+)\.sql"\)/g)];
+  assert.ok(versions.length >= 3);
+  for (const [, version, name, fileVersion, fileName] of versions) {
+    assert.equal(Number(fileVersion), Number(version), "a migration file's number is its version");
+    assert.equal(fileName, name, "a migration file's name is its recorded name");
+  }
+});
