@@ -146,8 +146,10 @@ def test_wait_takes_over_when_the_holder_aborts(client: idem.IdemClient) -> None
     k = key()
     holder = client.begin(k, b"fp", ttl=60, lease=5)
     assert isinstance(holder, New)
-    threading.Timer(0.1, lambda: client.abort(k, holder.token)).start()
+    timer = threading.Timer(0.1, lambda: client.abort(k, holder.token))
+    timer.start()
     waited = client.begin(k, b"fp", ttl=60, wait=5)
+    timer.join()  # before the fixture closes the client the timer uses
     assert isinstance(waited, New) and waited.token > holder.token
 
 
@@ -157,10 +159,12 @@ def test_wait_longer_than_the_call_timeout(redis_server: RedisServer) -> None:
     k = key()
     holder = c.begin(k, b"fp", ttl=60, lease=5)
     assert isinstance(holder, New)
-    threading.Timer(0.6, lambda: c.complete(k, holder.token, RESPONSE)).start()
+    timer = threading.Timer(0.6, lambda: c.complete(k, holder.token, RESPONSE))
+    timer.start()
     assert c.begin(k, b"fp", ttl=60, wait=3) == Replay(RESPONSE)
     # The pool's connections still work.
     assert c.begin(k, b"fp", ttl=60) == Replay(RESPONSE)
+    timer.join()
     c.close()
 
 

@@ -225,3 +225,128 @@ async def test_a_committed_hold_keeps_the_claim_when_the_handler_fails_later(
             assert retry.status_code == 409, "the committed phase's claim was released"
         assert runs == 2
         assert await payments(pool, f"idem:{{:{k}}}") == 1
+
+
+# ---------------------------------------------------------------- claim_up_front
+
+
+@pytest.fixture
+async def up_front(
+    aclient: idem.asyncio.IdemClient, fence_database_url: str
+) -> AsyncIterator[tuple[Payments, httpx.AsyncClient, AsyncConnectionPool]]:
+    """The middleware with ``claim_up_front``: the fence's claim is made
+    before the handler runs, in place of read-through's lookup."""
+    async with AsyncConnectionPool(fence_database_url, min_size=1, max_size=4, open=False) as pool:
+        handler = Payments(pool)
+        app = Starlette(
+            routes=[
+                Route("/pay", handler.endpoint, methods=["POST"]),
+                Route("/plain", plain, methods=["POST"]),
+                Route("/boom", boom, methods=["POST"]),
+                Route("/crash", crash, methods=["POST"]),
+            ],
+            middleware=[
+                Middleware(
+                    IdempotencyMiddleware,
+                    client=aclient,
+                    read_through=idem.AsyncReadThrough(pool),
+                    claim_up_front=True,
+                )
+            ],
+        )
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            yield handler, c, pool
+
+
+async def plain(request: Request) -> Response:
+    return Response(b"not fenced", status_code=201)
+
+
+async def boom(request: Request) -> Response:
+    fence: AsyncFence = request.scope["idem"].fence
+    assert await fence.claim(object()) == Proceed(), "the claim made up front, no statement"  # type: ignore[arg-type]
+    raise RuntimeError("the handler failed after its claim")
+
+
+async def crash(request: Request) -> Response:
+    raise RuntimeError("the handler failed before it used its fence")
+
+
+async def row(pool: AsyncConnectionPool, key: str) -> tuple[Any, ...] | None:
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT status, token FROM idempotency_keys WHERE key = %s", (key,)
+        )
+        return await cur.fetchone()
+
+
+async def test_claim_up_front_answers_what_the_fence_finds_before_the_handler_runs(
+    up_front: Any, aclient: idem.asyncio.IdemClient
+) -> None:
+    handler, c, pool = up_front
+    k = unique()
+    redis_key = f"idem:{{:{k}}}"
+    first = await c.post("/pay", content="x", headers={"idempotency-key": k})
+    assert first.status_code == 201 and handler.runs == 1
+    record = await aclient.get(redis_key)
+    assert record is not None
+    stored = await row(pool, redis_key)
+    assert stored == ("completed", record.token), "the handler committed the up-front claim"
+    # Redis forgets: the claim replays the row without running the handler.
+    await aclient.redis.delete(redis_key)
+    again = await c.post("/pay", content="x", headers={"idempotency-key": k})
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content and handler.runs == 1
+    refilled = await aclient.get(redis_key)
+    assert refilled is not None and refilled.mirror == "mirrored"
+    # Another request under the key: 422 from the row, the handler not run.
+    await aclient.redis.delete(redis_key)
+    other = await c.post("/pay", content="y", headers={"idempotency-key": k})
+    assert other.status_code == 422 and handler.runs == 1
+    assert await aclient.get(redis_key) is None, "released"
+    # A live claim of this request (Redis forgot while its holder runs): 409.
+    live = unique()
+    same_request = idem.Fingerprinter(canonical_json=True).fingerprint("POST", "/pay", [], b"x")
+    holder = AsyncFence(f"idem:{{:{live}}}", 1, same_request, 60, lease=30)
+    assert await holder.claim(pool) == Proceed()
+    busy = await c.post("/pay", content="x", headers={"idempotency-key": live})
+    assert busy.status_code == 409 and busy.headers["retry-after"] == "1"
+    assert handler.runs == 1
+    assert await aclient.get(f"idem:{{:{live}}}") is None, "released"
+    await holder.release(pool)
+
+
+async def test_an_up_front_claim_the_handler_does_not_use_is_released(
+    up_front: Any, aclient: idem.asyncio.IdemClient
+) -> None:
+    _, c, pool = up_front
+    k = unique()
+    reply = await c.post("/plain", content="x", headers={"idempotency-key": k})
+    assert reply.status_code == 201
+    assert await row(pool, f"idem:{{:{k}}}") is None, "the unused claim was given up"
+    record = await aclient.get(f"idem:{{:{k}}}")
+    assert record is not None and record.state == "completed" and record.mirror == "pending"
+    again = await c.post("/plain", content="x", headers={"idempotency-key": k})
+    assert again.headers["idempotent-replayed"] == "true"
+
+
+async def test_a_handler_failing_after_the_up_front_claim_leaves_no_claim_behind(
+    up_front: Any, aclient: idem.asyncio.IdemClient
+) -> None:
+    _, c, pool = up_front
+    k = unique()
+    assert (await c.post("/boom", content="x", headers={"idempotency-key": k})).status_code == 500
+    assert await row(pool, f"idem:{{:{k}}}") is None, "the claim was released"
+    assert await aclient.get(f"idem:{{:{k}}}") is None
+    # The retry runs at once (not 409 until the lease lapses).
+    assert (await c.post("/boom", content="x", headers={"idempotency-key": k})).status_code == 500
+    # Also when the handler fails before it used the fence.
+    k = unique()
+    assert (await c.post("/crash", content="x", headers={"idempotency-key": k})).status_code == 500
+    assert await row(pool, f"idem:{{:{k}}}") is None, "the claim was released"
+
+
+def test_claim_up_front_needs_read_through(aclient: idem.asyncio.IdemClient) -> None:
+    with pytest.raises(ValueError, match="read_through"):
+        IdempotencyMiddleware(Starlette(), client=aclient, claim_up_front=True)

@@ -81,19 +81,24 @@ def _in_flight() -> InFlight:
 # ---------------------------------------------------------------- the report
 
 
+_Kind = Literal["unused", "claimed_up_front", "claimed", "decided", "committed"]
+
+
 class _Report:
-    """What the handler did with its fence, as the middleware reads it."""
+    """What the handler did with its fence, as the middleware reads it.
+    ``claimed_up_front``: the middleware claimed durably (through ``pool``)
+    before the handler ran, and the handler has not used the fence yet."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.kind: Literal["unused", "claimed", "decided", "committed"] = "unused"
+        self.kind: _Kind = "unused"
         self.claim: Claim | None = None
         self.committed: StoredResponse | None = None
         self.pool: Any = None
 
     def set(
         self,
-        kind: Literal["unused", "claimed", "decided", "committed"],
+        kind: _Kind,
         *,
         claim: Claim | None = None,
         committed: StoredResponse | None = None,
@@ -101,6 +106,15 @@ class _Report:
     ) -> None:
         with self._lock:
             self.kind, self.claim, self.committed, self.pool = kind, claim, committed, pool
+
+    def take_up_front(self) -> bool:
+        """The handler takes over the claim made up front, if there is one:
+        it is then reported as a claim made through its pool."""
+        with self._lock:
+            if self.kind != "claimed_up_front":
+                return False
+            self.kind = "claimed"
+            return True
 
 
 # ---------------------------------------------------------------- decisions
@@ -214,7 +228,13 @@ class _Base:
             synchronous_commit, idle,
         ]  # fmt: skip
 
-    def _set(self, kind: Literal["unused", "claimed", "decided", "committed"], **kw: Any) -> None:
+    def _taken_up_front(self) -> bool:
+        """Whether the middleware claimed the key before the handler ran
+        (``claim_up_front``) and the handler had not used the fence yet: it
+        now holds that claim (released by the middleware unless committed)."""
+        return self._report is not None and self._report.take_up_front()
+
+    def _set(self, kind: _Kind, **kw: Any) -> None:
         if self._report is not None:
             self._report.set(kind, **kw)
 
@@ -270,6 +290,8 @@ class Fence(_Base):
         and a lease, commits on its own before this returns. Call anything
         outside Postgres now (with ``downstream_key``), then ``commit`` the
         effect in a short transaction."""
+        if self._taken_up_front():
+            return Proceed()
         pool = source if isinstance(source, psycopg_pool.ConnectionPool) else None
         try:
             if pool is not None:
@@ -301,6 +323,8 @@ class Fence(_Base):
         """Claims the key inside the caller's open transaction on ``conn``
         (effects only in Postgres: claim, effect and completion commit
         together; its rollback undoes the claim)."""
+        if self._taken_up_front():
+            return Proceed()
         try:
             claim = self._claim_on(conn, None, _ms(self.idle_timeout))
         except psycopg.Error as err:
@@ -409,7 +433,10 @@ class AsyncFence(_Base):
     async def claim(
         self, source: psycopg_pool.AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any]
     ) -> Claim:
-        """See ``Fence.claim``."""
+        """See ``Fence.claim``; with the middleware's ``claim_up_front`` the
+        first call answers ``Proceed()`` at once (the middleware claimed)."""
+        if self._taken_up_front():
+            return Proceed()
         pool = source if isinstance(source, psycopg_pool.AsyncConnectionPool) else None
         try:
             if pool is not None:
@@ -436,6 +463,8 @@ class AsyncFence(_Base):
 
     async def claim_in(self, conn: psycopg.AsyncConnection[Any]) -> Claim:
         """See ``Fence.claim_in``."""
+        if self._taken_up_front():
+            return Proceed()
         try:
             claim = await self._claim_on(conn, None, _ms(self.idle_timeout))
         except psycopg.Error as err:

@@ -15,7 +15,9 @@ layer (docs/client.md, "Middleware"; the facts in spec/http.json):
 - ``replay``: the stored status, body and headers plus
   ``Idempotent-Replayed: true``; ``mismatch``: 422 problem;
 - Redis (or the mirror) unreachable: 503 problem with ``Retry-After: 1``
-  (fail closed), or the application runs unprotected with ``fail_open``.
+  (fail closed), or the application runs unprotected with ``fail_open``;
+- ``claim_up_front``: the fence's durable claim stands in for read-through's
+  lookup, before the application runs (docs/fence.md).
 
 Once the request has arrived whole, the rest of the flow runs in a task of
 its own, so a client hanging up (or the server cancelling the request) does
@@ -38,7 +40,7 @@ from typing import Any
 from idem import _spec
 from idem.asyncio import IdemClient
 from idem.canonical_json import canonicalize
-from idem.errors import CompletedError, IdemError, NotFoundError, StaleError
+from idem.errors import CompletedError, IdemError, NotFoundError, PostgresError, StaleError
 from idem.fence import AsyncFence, Layout, Proceed, _Report
 from idem.fingerprint import Fingerprint, Fingerprinter
 from idem.keys import InvalidKeyError, parse_key, redis_key, tenant_of_lines
@@ -121,9 +123,12 @@ class IdempotencyMiddleware:
         fingerprinter: Fingerprinter | None = None,
         max_retry_after: float | None = None,
         table_layout: Layout = "unpartitioned",
+        claim_up_front: bool = False,
     ) -> None:
         if tenant is not None and tenant_header is not None:
             raise ValueError("give tenant or tenant_header, not both")
+        if claim_up_front and read_through is None:
+            raise ValueError("claim_up_front needs read_through (its pool and timeout)")
         self.app = app
         self.client = client
         self.read_through = read_through
@@ -157,6 +162,7 @@ class IdempotencyMiddleware:
             _seconds("max_retry_after_ms") if max_retry_after is None else max_retry_after
         )
         self.table_layout: Layout = table_layout
+        self.claim_up_front = claim_up_front
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -220,6 +226,57 @@ class IdempotencyMiddleware:
             key, fingerprint, ttl=self.ttl, lease=self.lease, wait=self.wait
         )
 
+    def _fence(self, key: str, token: int, fingerprint: Fingerprint) -> AsyncFence:
+        """The fence of a request about to run, with its report attached."""
+        fence = AsyncFence(
+            key, token, fingerprint, self.ttl, lease=self.lease, layout=self.table_layout
+        )
+        fence._report = _Report()
+        return fence
+
+    async def _begin_request(
+        self, key: str, fingerprint: Fingerprint
+    ) -> tuple[Outcome, AsyncFence | None]:
+        """A request's first BEGIN: ``_begin``, or with ``claim_up_front``
+        BEGIN and then the fence's durable claim in place of read-through's
+        lookup (the Rust layer's ``claim_up_front``). What the claim finds is
+        answered as read-through answers a mirror row (a completed row
+        refills Redis and is replayed, another request's row is a mismatch)
+        and a live claim is in flight; in each the key is given back to Redis
+        but for the refill. On ``New`` the fence holds the claim."""
+        read_through = self.read_through
+        if not self.claim_up_front or read_through is None:
+            return await self._begin(key, fingerprint), None
+        outcome = await self.client.begin(
+            key, fingerprint, ttl=self.ttl, lease=self.lease, wait=self.wait
+        )
+        if not isinstance(outcome, New):
+            return outcome, None
+        token = outcome.token
+        fence = self._fence(key, token, fingerprint)
+        pool = read_through.pool
+        try:
+            claim = await asyncio.wait_for(fence.claim(pool), read_through.timeout)
+        except asyncio.TimeoutError:
+            # The claim may have committed: give it up in the background.
+            self._keep(asyncio.ensure_future(_release_claim(fence, pool)))
+            await _Held(self, key, token, fingerprint).release()
+            raise PostgresError(
+                f"the fence's claim had no answer within {read_through.timeout} s"
+            ) from None
+        except IdemError:
+            await _Held(self, key, token, fingerprint).release()
+            raise
+        if isinstance(claim, Proceed):
+            assert fence._report is not None
+            fence._report.set("claimed_up_front", pool=pool)
+            return outcome, fence
+        if isinstance(claim, Replay):
+            await _Held(self, key, token, fingerprint)._refill(claim.response)
+            return claim, None
+        await _Held(self, key, token, fingerprint).release()
+        return claim, None
+
     async def _flow(
         self,
         scope: Scope,
@@ -230,7 +287,7 @@ class IdempotencyMiddleware:
         body: bytes,
     ) -> None:
         try:
-            outcome = await self._begin(key, fingerprint)
+            outcome, claimed = await self._begin_request(key, fingerprint)
         except IdemError as err:
             if err.is_unreachable and self.fail_open:
                 log.warning("idempotency store unavailable; running unprotected: %s", err)
@@ -243,7 +300,8 @@ class IdempotencyMiddleware:
                 await _problem(send, "internal")
             return
         if isinstance(outcome, New):
-            await self._run_new(scope, receive, send, key, outcome.token, fingerprint, body)
+            fence = claimed or self._fence(key, outcome.token, fingerprint)
+            await self._run_new(scope, receive, send, key, outcome.token, fingerprint, fence, body)
         else:
             await self._answer(send, outcome)
 
@@ -263,18 +321,26 @@ class IdempotencyMiddleware:
         key: str,
         token: int,
         fingerprint: Fingerprint,
+        fence: AsyncFence,
         body: bytes,
     ) -> None:
         held = _Held(self, key, token, fingerprint)
-        fence = AsyncFence(
-            key, token, fingerprint, self.ttl, lease=self.lease, layout=self.table_layout
-        )
-        report = fence._report = _Report()
+        report = fence._report
+        assert report is not None
         inner_scope = dict(scope)
         inner_scope[SCOPE_KEY] = IdempotencyContext(key, token, fingerprint, self.ttl, fence)
 
+        async def unused_up_front() -> bool:
+            """A claim made up front the handler did not use: given up, and
+            the response then settled as any other."""
+            if report.kind != "claimed_up_front":
+                return report.kind == "unused"
+            await _release_claim(fence, report.pool)
+            report.set("unused")
+            return True
+
         async def on_overflow() -> None:
-            if report.kind == "unused":
+            if await unused_up_front():
                 await held.release()
 
         response = _Buffered(send, self.max_response_body, on_overflow=on_overflow)
@@ -292,7 +358,7 @@ class IdempotencyMiddleware:
             renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewal
-        if report.kind != "unused":
+        if not await unused_up_front():
             answer = await held.settle_fence(fence, report)
             if response.overflowed:
                 return
@@ -436,15 +502,8 @@ class _Held:
         # Claimed but not committed through the fence: nothing happened, or a
         # retry's claim finds out. A durable claim is given up first, so the
         # retry Redis lets in next proceeds at once.
-        if report.kind == "claimed" and report.pool is not None:
-            try:
-                await fence.release(report.pool)
-            except IdemError as err:
-                log.warning(
-                    "%s: could not release the fence's claim; it ends with its lease: %s",
-                    self.key,
-                    err,
-                )
+        if report.kind in ("claimed", "claimed_up_front"):
+            await _release_claim(fence, report.pool)
         await self.release()
         return None
 
@@ -578,6 +637,19 @@ class _Held:
                 log.warning("%s: could not store the response under a new token: %s", self.key, err)
                 await again.release()
         return None
+
+
+async def _release_claim(fence: AsyncFence, pool: Any) -> None:
+    """Gives up the fence's durable claim made through ``pool`` (if any);
+    a failure leaves it to end with its lease."""
+    if pool is None:
+        return
+    try:
+        await fence.release(pool)
+    except IdemError as err:
+        log.warning(
+            "%s: could not release the fence's claim; it ends with its lease: %s", fence.key, err
+        )
 
 
 def _lines(scope: Scope, name: bytes) -> list[bytes]:
