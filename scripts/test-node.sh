@@ -24,7 +24,7 @@ if [[ -z ${IDEM_MODULE:-} ]]; then
     IDEM_MODULE=$(build_module)
 fi
 export IDEM_MODULE
-ensure_database_url 54332
+ensure_database_url 54333
 
 for dir in clients/node examples/payments-node; do
     echo "==> npm ci ($dir)"
