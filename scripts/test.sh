@@ -35,8 +35,22 @@ cargo build --release --workspace --all-targets
 IDEM_MODULE=$(build_module)
 export IDEM_MODULE
 
+started=$SECONDS
 echo "==> tests"
 cargo test --release --workspace -- "$@"
+echo "==> tests: $((SECONDS - started)) s"
 
-echo "==> python"
-scripts/test-python.sh
+# Each part prints its own time; the whole run stays well under 45 minutes.
+part() {
+    local name=$1 started=$SECONDS
+    shift
+    echo "==> $name"
+    "$@"
+    echo "==> $name: $((SECONDS - started)) s"
+}
+part python scripts/test-python.sh
+part node scripts/test-node.sh
+# The binaries the suite drives were built above.
+part conformance env CONFORMANCE_SKIP_BUILD=1 scripts/test-conformance.sh
+part ops scripts/test-ops.sh
+part docs scripts/test-docs.sh
