@@ -48,5 +48,8 @@ def create_app(settings: Settings) -> FastAPI:
         tenant_header=ACCOUNT_HEADER,
         lease=settings.lease,
         wait_for_result=settings.wait,
+        # Every keyed route's handler uses the fence: its claim stands in for
+        # read-through's lookup (one statement fewer per payment), as in Rust.
+        claim_up_front=settings.fence and settings.read_through,
     )
     return app
