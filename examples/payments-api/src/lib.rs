@@ -1,8 +1,8 @@
 //! Example payments API: axum routes for `POST /payments` and
 //! `GET /payments/{id}`, wrapped in the idem `Idempotency-Key` layer with
 //! Postgres read-through; new payments commit with their idempotency row (the
-//! fence). Built as a library so tests and the benchmark run
-//! it in-process.
+//! fence). `GET /metrics` serves the layer's metrics, outside the layer.
+//! Built as a library so tests and the benchmark run it in-process.
 
 pub mod config;
 pub mod db;
@@ -10,14 +10,18 @@ pub mod payments;
 pub mod processor;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::http::HeaderName;
+use axum::extract::MatchedPath;
+use axum::http::{header, HeaderName};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
 use deadpool_postgres::Pool;
+use idem_client::middleware::prometheus_client::registry::Registry;
+use idem_client::middleware::LayerMetrics;
 use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
 use idem_client::{StandaloneConnection, Transport};
 
@@ -68,6 +72,78 @@ pub fn routes(state: AppState) -> Router {
 pub fn app(state: AppState, layer: IdempotencyLayer<StandaloneConnection>) -> Router {
     routes(state).layer(layer)
 }
+
+// ANCHOR: metrics
+/// The service's metrics: a prometheus-client registry holding the
+/// idempotency layer's series (docs/operations/metrics.md).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    layer: LayerMetrics,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let layer = LayerMetrics::new(&mut registry);
+        Metrics {
+            registry: Arc::new(registry),
+            layer,
+        }
+    }
+
+    /// `layer` recording into these metrics, each request labelled with its
+    /// matched route.
+    pub fn instrument<C>(&self, layer: IdempotencyLayer<C>) -> IdempotencyLayer<C> {
+        layer
+            .metrics(self.layer.clone())
+            .metrics_route(|extensions| {
+                extensions
+                    .get::<MatchedPath>()
+                    .map(|path| path.as_str().to_owned())
+            })
+    }
+
+    /// The OpenMetrics text of every series.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        idem_client::middleware::prometheus_client::encoding::text::encode(
+            &mut text,
+            &self.registry,
+        )
+        .expect("writing to a String does not fail");
+        text
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// [`app`] with `layer` recording into `metrics`, and `GET /metrics`
+/// serving them (outside the layer).
+pub fn app_with_metrics(
+    state: AppState,
+    layer: IdempotencyLayer<StandaloneConnection>,
+    metrics: &Metrics,
+) -> Router {
+    let scrape = metrics.clone();
+    app(state, metrics.instrument(layer)).route(
+        "/metrics",
+        get(move || async move {
+            (
+                [(
+                    header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )],
+                scrape.render(),
+            )
+        }),
+    )
+}
+// ANCHOR_END: metrics
 
 /// The layer as the example configures it: keys scoped by `X-Account-Id`,
 /// JSON bodies canonicalized, read-through from the mirror when `read_through`

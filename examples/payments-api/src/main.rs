@@ -1,8 +1,11 @@
-//! `payments-api`: the example service on 127.0.0.1:$PORT (see `Settings`).
+//! `payments-api`: the example service on 127.0.0.1:$PORT (see `Settings`),
+//! its metrics at `GET /metrics`.
 
 use anyhow::Context;
 use idem_client::Transport;
-use idem_example_payments::{app, db, idempotency_layer, serve, AppState, Settings};
+use idem_example_payments::{
+    app_with_metrics, db, idempotency_layer, serve, AppState, Metrics, Settings,
+};
 use tracing_subscriber::EnvFilter;
 
 /// The allocator: mimalloc unless built without the `mimalloc` feature.
@@ -31,7 +34,7 @@ async fn main() -> anyhow::Result<()> {
     let state = AppState::new(pool)
         .with_processor_delay(settings.processor_delay)
         .with_fence(settings.fence);
-    let router = app(state, layer);
+    let router = app_with_metrics(state, layer, &Metrics::new());
     let address = ("127.0.0.1", settings.port);
     let listener = tokio::net::TcpListener::bind(address)
         .await

@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use super::config::{Config, RequestFence};
+use super::metrics::Observer;
 use crate::{BeginOptions, Fingerprint, IdemError, Outcome};
 
 /// `Retry-After` of a 409 the fence answers (another holder has the key).
@@ -41,14 +42,24 @@ pub(crate) async fn begin_request<C>(
     config: &Config<C>,
     key: &str,
     fingerprint: &Fingerprint,
+    observer: &Observer,
 ) -> Result<(Outcome, Option<RequestFence>), IdemError>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     #[cfg(feature = "postgres")]
     if let (true, Some(read_through)) = (config.claim_up_front, &config.read_through) {
-        return Box::pin(claim_up_front(config, read_through, key, fingerprint)).await;
+        return Box::pin(claim_up_front(
+            config,
+            read_through,
+            key,
+            fingerprint,
+            observer,
+        ))
+        .await;
     }
+    #[cfg(not(feature = "postgres"))]
+    let _ = observer;
     Ok((begin(config, key, fingerprint).await?, None))
 }
 
@@ -74,10 +85,12 @@ async fn claim_up_front<C>(
     read_through: &crate::ReadThrough,
     key: &str,
     fingerprint: &Fingerprint,
+    observer: &Observer,
 ) -> Result<(Outcome, Option<RequestFence>), IdemError>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    use super::metrics::FenceAnswer;
     use crate::fence::Claim;
     use crate::Origin;
 
@@ -113,6 +126,7 @@ where
             return Ok((Outcome::New { token }, Some(request_fence)));
         }
         Ok(Claim::Replay(stored)) => {
+            observer.fence(FenceAnswer::Replay);
             match client.complete(key, token, &stored, Origin::Mirror).await {
                 Ok(()) => {}
                 Err(err) => {
@@ -123,10 +137,16 @@ where
             }
             return Ok((Outcome::Replay(stored), None));
         }
-        Ok(Claim::Mismatch) => Ok(Outcome::Mismatch),
-        Ok(Claim::InFlight) => Ok(Outcome::InFlight {
-            retry_after: FENCE_RETRY_AFTER,
-        }),
+        Ok(Claim::Mismatch) => {
+            observer.fence(FenceAnswer::Mismatch);
+            Ok(Outcome::Mismatch)
+        }
+        Ok(Claim::InFlight) => {
+            observer.fence(FenceAnswer::InFlight);
+            Ok(Outcome::InFlight {
+                retry_after: FENCE_RETRY_AFTER,
+            })
+        }
         Err(err) => Err(err),
     };
     abort(config, key, token).await;

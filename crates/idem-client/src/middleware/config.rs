@@ -8,6 +8,7 @@ use http::header::HeaderName;
 use http::request::Parts;
 use http::{Extensions, Method, StatusCode};
 
+use super::metrics::{LayerMetrics, Observer, RouteFn};
 use crate::fence::FenceReport;
 #[cfg(feature = "postgres")]
 use crate::{Fence, ReadThrough, TableLayout};
@@ -40,6 +41,8 @@ pub(crate) struct Config<C> {
     pub(crate) store_retry: Duration,
     pub(crate) fingerprinter: Fingerprinter,
     pub(crate) max_retry_after: Duration,
+    pub(crate) metrics: Option<LayerMetrics>,
+    pub(crate) metrics_route: Option<RouteFn>,
 }
 
 impl<C: Clone> Clone for Config<C> {
@@ -68,11 +71,23 @@ impl<C: Clone> Clone for Config<C> {
             store_retry: self.store_retry,
             fingerprinter: self.fingerprinter.clone(),
             max_retry_after: self.max_retry_after,
+            metrics: self.metrics.clone(),
+            metrics_route: self.metrics_route.clone(),
         }
     }
 }
 
 impl<C> Config<C> {
+    /// The metrics of a request with these `extensions` (nothing recorded
+    /// without `metrics`).
+    pub(crate) fn observer(&self, extensions: &Extensions) -> Observer {
+        Observer::new(
+            self.metrics.as_ref(),
+            self.metrics_route.as_ref(),
+            extensions,
+        )
+    }
+
     /// The `Fence` of a request about to run (for the configured table
     /// layout and lease), and where the handler's use of it is reported.
     /// Without the `postgres` feature there is no fence and the report stays

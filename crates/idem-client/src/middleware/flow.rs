@@ -30,6 +30,7 @@ use super::begin::{begin_request, FENCE_RETRY_AFTER};
 use super::body::{collect_limited, BoxError, Collected, IdemBody};
 use super::config::{Config, RequestFence};
 use super::key::redis_key;
+use super::metrics::{FenceAnswer, Observer, Outcome as Counted, RedisOp};
 use super::problem::{replay_response, Problem};
 use super::store::Held;
 use crate::fence::{Claim, FenceReport};
@@ -51,14 +52,19 @@ where
     ResBody::Error: Into<BoxError>,
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    let observer = config.observer(request.extensions());
     // In a block of its own: what it leaves behind takes no room in the
     // flow's later states.
     let (request, key, fingerprint) = {
         let (parts, body) = request.into_parts();
         let body = match collect_limited(body, config.max_request_body).await {
             Ok(Collected::Complete(body)) => body,
-            Ok(Collected::Overflow { .. }) => return Ok(Problem::RequestTooLarge.into_response()),
+            Ok(Collected::Overflow { .. }) => {
+                observer.outcome(Counted::BadBody);
+                return Ok(Problem::RequestTooLarge.into_response());
+            }
             Err(err) => {
+                observer.outcome(Counted::BadBody);
                 tracing::debug!(error = %err, "request body could not be read");
                 return Ok(Problem::UnreadableRequest.into_response());
             }
@@ -77,27 +83,54 @@ where
         (request, key, fingerprint)
     };
 
-    match begin_request(&config, &key, &fingerprint).await {
+    let started = Instant::now();
+    let begun = begin_request(&config, &key, &fingerprint, &observer).await;
+    observer.begin(started.elapsed());
+    if let Err(err) = &begun {
+        observer.redis_error(RedisOp::Begin, err);
+    }
+    match begun {
         Ok((Outcome::New { token }, fence)) => {
+            observer.outcome(Counted::New);
             let fence = fence.unwrap_or_else(|| config.request_fence(&key, token, &fingerprint));
-            run_new(config, inner, request, key, token, fingerprint, fence).await
+            run_new(
+                config,
+                inner,
+                request,
+                key,
+                token,
+                fingerprint,
+                fence,
+                observer,
+            )
+            .await
         }
         Ok((Outcome::InFlight { retry_after }, _)) => {
+            observer.outcome(Counted::InFlight);
             let retry_after = retry_after.min(config.max_retry_after);
             Ok(Problem::InFlight { retry_after }.into_response())
         }
-        Ok((Outcome::Replay(stored), _)) => Ok(replay_response(stored)),
-        Ok((Outcome::Mismatch, _)) => Ok(Problem::Mismatch.into_response()),
+        Ok((Outcome::Replay(stored), _)) => {
+            observer.outcome(Counted::Replay);
+            Ok(replay_response(stored))
+        }
+        Ok((Outcome::Mismatch, _)) => {
+            observer.outcome(Counted::Mismatch);
+            Ok(Problem::Mismatch.into_response())
+        }
         Err(err) if err.is_unreachable() && config.fail_open => {
+            observer.outcome(Counted::FailOpen);
             tracing::warn!(error = %err, "idempotency store unavailable; running the request unprotected (fail-open)");
             let response = Box::pin(inner.oneshot(request)).await?;
             Ok(response.map(IdemBody::inner))
         }
         Err(err) if err.is_transient() => {
+            observer.outcome(Counted::Unavailable);
             tracing::warn!(error = %err, "idempotency store unavailable; answering 503");
             Ok(Problem::Unavailable.into_response())
         }
         Err(err) => {
+            observer.outcome(Counted::Error);
             tracing::error!(error = %err, "IDEM.BEGIN failed");
             Ok(Problem::Internal.into_response())
         }
@@ -107,6 +140,7 @@ where
 /// Runs the handler with `fence` and settles the key. A panic in the
 /// handler releases the key (and a durable claim its fence made through a
 /// pool) and is passed on.
+#[allow(clippy::too_many_arguments)] // the request's parts, each moved in once
 async fn run_new<S, C, ReqBody, ResBody>(
     config: Arc<Config<C>>,
     inner: S,
@@ -115,6 +149,7 @@ async fn run_new<S, C, ReqBody, ResBody>(
     token: u64,
     fingerprint: Fingerprint,
     fence: RequestFence,
+    observer: Observer,
 ) -> Result<Response<IdemBody<ResBody>>, S::Error>
 where
     S: Service<Request<IdemBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
@@ -130,6 +165,7 @@ where
         key: &key,
         token,
         fingerprint: &fingerprint,
+        observer: &observer,
     };
     let outcome = AssertUnwindSafe(execute(&held, &fence, inner, request))
         .catch_unwind()
@@ -227,7 +263,7 @@ where
         let (parts, body) = response.into_parts();
         Ok((parts, collect_limited(body, limit).await))
     });
-    let outcome = keep_lease(config, key, held.token, work).await;
+    let outcome = keep_lease(config, key, held.token, held.observer, work).await;
     let mut report = fence.take_report();
     let (parts, collected) = match outcome {
         Ok(done) => done,
@@ -277,21 +313,26 @@ async fn settle_fence<C, B>(
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    let observer = held.observer;
     match report {
         FenceReport::Committed(stored) => {
+            observer.fence(FenceAnswer::Committed);
             held.store_committed(&stored).await;
             None
         }
         FenceReport::Decided(Claim::Replay(stored)) => {
+            observer.fence(FenceAnswer::Replay);
             held.refill(&stored).await;
             Some(replay_response(stored))
         }
         FenceReport::Decided(Claim::InFlight) => {
+            observer.fence(FenceAnswer::InFlight);
             held.release().await;
             let retry_after = FENCE_RETRY_AFTER.min(held.config.max_retry_after);
             Some(Problem::InFlight { retry_after }.into_response())
         }
         FenceReport::Decided(Claim::Mismatch) => {
+            observer.fence(FenceAnswer::Mismatch);
             held.release().await;
             Some(Problem::Mismatch.into_response())
         }
@@ -300,6 +341,7 @@ where
         // it. A durable claim is given up first, so the retry Redis lets in
         // next proceeds at once.
         FenceReport::Claimed(release) | FenceReport::ClaimedUpFront(release) => {
+            observer.fence(FenceAnswer::Released);
             release.run(held.key, held.token).await;
             held.release().await;
             None
@@ -337,6 +379,7 @@ async fn keep_lease<C, F: Future>(
     config: &Config<C>,
     key: &str,
     token: u64,
+    observer: &Observer,
     mut work: Pin<&mut F>,
 ) -> F::Output
 where
@@ -349,7 +392,11 @@ where
         tokio::pin!(next);
         loop {
             next.as_mut().await;
-            match Box::pin(config.client.touch(key, token, lease)).await {
+            let touched = Box::pin(config.client.touch(key, token, lease)).await;
+            if let Err(err) = &touched {
+                observer.redis_error(RedisOp::Touch, err);
+            }
+            match touched {
                 Ok(_) => {}
                 Err(
                     err @ (IdemError::Stale(_) | IdemError::NotFound(_) | IdemError::Completed(_)),

@@ -11,6 +11,7 @@ use tower::Layer;
 
 use super::config::{default_store_policy, Config};
 use super::key::tenant_of_lines;
+use super::metrics::LayerMetrics;
 use super::service::Idempotency;
 use crate::{Fingerprinter, IdemClient};
 #[cfg(feature = "postgres")]
@@ -104,6 +105,8 @@ impl<C> IdempotencyLayer<C> {
                 store_retry: Duration::from_secs(60),
                 fingerprinter: Fingerprinter::new().canonical_json(true),
                 max_retry_after: Duration::from_secs(2),
+                metrics: None,
+                metrics_route: None,
             },
         }
     }
@@ -273,6 +276,27 @@ impl<C> IdempotencyLayer<C> {
     /// upper bound of the wait, not an estimate.
     pub fn max_retry_after(mut self, max: Duration) -> Self {
         self.config.max_retry_after = max;
+        self
+    }
+
+    /// Record what each request came to in `metrics` (default: nothing is
+    /// recorded). docs/operations/metrics.md lists the series.
+    pub fn metrics(mut self, metrics: LayerMetrics) -> Self {
+        self.config.metrics = Some(metrics);
+        self
+    }
+
+    /// The `route` label of a request's metrics, from its extensions: keep
+    /// it to a handful of values (a route template, never a path with ids).
+    /// With axum, the matched route:
+    /// `|ext| ext.get::<MatchedPath>().map(|p| p.as_str().to_owned())`
+    /// (the layer added with `Router::layer` runs after routing). Default:
+    /// empty.
+    pub fn metrics_route(
+        mut self,
+        route: impl Fn(&http::Extensions) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.metrics_route = Some(Arc::new(route));
         self
     }
 

@@ -7,6 +7,7 @@ mod config;
 mod flow;
 mod key;
 mod layer;
+mod metrics;
 mod problem;
 mod service;
 mod store;
@@ -15,5 +16,8 @@ pub use body::{BoxError, IdemBody};
 pub use config::default_store_policy;
 pub use key::{parse_value as parse_key_header, redis_key, KeyError, MAX_KEY_BYTES};
 pub use layer::IdempotencyLayer;
+pub use metrics::{names as metric_names, LayerMetrics};
 pub use problem::{replay_response, Problem, IDEMPOTENT_REPLAYED};
+/// The prometheus-client the layer records into ([`LayerMetrics::new`] takes its `Registry`).
+pub use prometheus_client;
 pub use service::{Idempotency, ResponseFuture};

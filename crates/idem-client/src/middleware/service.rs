@@ -18,6 +18,7 @@ use super::body::{BoxError, IdemBody};
 use super::config::Config;
 use super::flow;
 use super::key::parse_key;
+use super::metrics::Outcome;
 use super::problem::Problem;
 
 /// The middleware around an inner service `S`, made by
@@ -85,11 +86,17 @@ where
         }
         let key = match parse_key(request.headers().get_all(&config.header).iter()) {
             Ok(Some(key)) => key,
-            Ok(None) if config.required => return ResponseFuture::ready(Problem::MissingKey),
+            Ok(None) if config.required => {
+                bad_key(config, &request);
+                return ResponseFuture::ready(Problem::MissingKey);
+            }
             Ok(None) => {
                 return ResponseFuture::passthrough(self.inner.call(request.map(IdemBody::inner)))
             }
-            Err(err) => return ResponseFuture::ready(Problem::InvalidKey(err.detail())),
+            Err(err) => {
+                bad_key(config, &request);
+                return ResponseFuture::ready(Problem::InvalidKey(err.detail()));
+            }
         };
         // The ready service goes into the flow; a clone stays for the next call.
         let ready = self.inner.clone();
@@ -100,6 +107,13 @@ where
         let future = Box::write(slot, flow::handle(config.clone(), inner, request, key));
         ResponseFuture::flow(flow::Detaching::new(Box::into_pin(future)))
     }
+}
+
+/// Counts a request answered 400 for its key header.
+fn bad_key<C, B>(config: &Config<C>, request: &Request<B>) {
+    config
+        .observer(request.extensions())
+        .outcome(Outcome::BadKey);
 }
 
 pin_project! {

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::begin::begin;
 use super::body::IdemBody;
 use super::config::Config;
+use super::metrics::{Observer, RedisOp};
 use super::problem::{replay_response, Problem};
 use crate::outcome::ResponseParts;
 use crate::{Fingerprint, IdemError, Origin, Outcome, StoredResponse};
@@ -34,6 +35,8 @@ pub(crate) struct Held<'a, C> {
     pub key: &'a str,
     pub token: u64,
     pub fingerprint: &'a Fingerprint,
+    /// The request's metrics.
+    pub observer: &'a Observer,
 }
 
 /// What the client gets when the key's answer is not the handler's own.
@@ -93,6 +96,9 @@ where
                 Box::pin(self.answer_again(stored)).await
             }
             Err(err) if err.is_transient() => {
+                if let Some(metrics) = self.observer.metrics() {
+                    metrics.store_gave_up();
+                }
                 tracing::error!(key = self.key, error = %err, "gave up storing the response: a retry after the key's lease lapses runs the handler again");
                 None
             }
@@ -135,6 +141,7 @@ where
     /// ABORT; a failure leaves the key to lapse with its lease.
     pub async fn release(&self) {
         if let Err(err) = self.config.client.abort(self.key, self.token).await {
+            self.observer.redis_error(RedisOp::Abort, &err);
             tracing::warn!(key = self.key, error = %err, "ABORT failed; the key frees itself when its lease lapses");
         }
     }
@@ -150,12 +157,16 @@ where
         };
         let config = Arc::clone(self.config);
         let (key, token, fingerprint) = (self.key.to_owned(), self.token, *self.fingerprint);
+        let observer = self.observer.clone();
+        let pending = observer.metrics().map(|metrics| metrics.store_pending());
         drop(runtime.spawn(async move {
+            let _pending = pending;
             let held = Held {
                 config: &config,
                 key: &key,
                 token,
                 fingerprint: &fingerprint,
+                observer: &observer,
             };
             // The last attempt in the request may have landed: its fate is
             // unknown. A `store_retry` too large for the clock is "for ever".
@@ -180,9 +191,13 @@ where
         stored: &impl ResponseParts,
         origin: Origin,
     ) -> Result<(), IdemError> {
-        let give_up = Instant::now() + STORE_AT_ONCE;
-        self.complete_until(token, stored, origin, give_up, false)
-            .await
+        let started = Instant::now();
+        let give_up = started + STORE_AT_ONCE;
+        let result = self
+            .complete_until(token, stored, origin, give_up, false)
+            .await;
+        self.observer.complete(started.elapsed());
+        result
     }
 
     /// COMPLETE, retried while Redis is unavailable until `give_up`. After
@@ -205,6 +220,7 @@ where
                 .client
                 .complete_parts(self.key, token, stored, origin)
                 .await
+                .inspect_err(|err| self.observer.redis_error(RedisOp::Complete, err))
             {
                 Err(err) if err.is_transient() && Instant::now() < give_up => {
                     uncertain = true;
@@ -247,6 +263,7 @@ where
                 None
             }
             Err(err) => {
+                self.observer.redis_error(RedisOp::Begin, &err);
                 tracing::warn!(key = self.key, error = %err, "BEGIN after a failed COMPLETE failed");
                 None
             }
