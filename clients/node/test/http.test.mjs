@@ -4,6 +4,7 @@
 // against both adapters.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
+import http from "node:http";
 import * as idem from "../dist/index.js";
 import { startRedis, database, loadSpec, b, sleep } from "./helpers.mjs";
 import { FRAMEWORKS, request } from "./apps.mjs";
@@ -254,4 +255,61 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
         assert.equal(rec.fingerprintHex, c.expected.stored_hex, c.name);
       }
     }));
+
+  test(`${framework}: a client hanging up does not cut the flow short`, () =>
+    withApp({}, async (app) => {
+      const k = newKey();
+      const url = new URL(app.url);
+      const req = http.request({ host: url.hostname, port: url.port, method: "POST", path: "/slow?ms=400", headers: { "idempotency-key": k, "content-length": 0 }, agent: false });
+      req.on("error", () => undefined);
+      req.end();
+      await sleep(100);
+      req.destroy(); // the client hangs up while the handler runs
+      let record = null;
+      for (let i = 0; i < 100 && record?.state !== "completed"; i++) {
+        await sleep(20);
+        record = await client.get(idem.redisKey(HTTP.defaults.key_prefix, "", k));
+      }
+      assert.equal(record?.state, "completed");
+      assert.equal(record.response.status, 201);
+      assert.equal((await request(app.url, { path: "/slow?ms=400", headers: [["idempotency-key", k]] })).headers["idempotent-replayed"], "true");
+      assert.equal(app.calls.of(`slow:/${k}`), 1);
+    }));
+
+  test(`${framework}: a full Redis answers a new key 503, and keeps a finished one held until it can store it`, async () => {
+    const own = await startRedis();
+    const c = await idem.IdemClient.connect(own.url);
+    const raw = await own.raw();
+    const maxmemory = (v) => raw.sendCommand(["CONFIG", "SET", "maxmemory", String(v)]);
+    try {
+      await withApp({ client: c, storeRetryMs: 10_000 }, async (app) => {
+        await maxmemory(1);
+        assertProblem(await request(app.url, { path: "/echo", headers: [["idempotency-key", newKey()]] }), "unavailable");
+        assert.equal(app.calls.of("echo:/-"), 0);
+        await maxmemory(0);
+        // Redis fills up while the handler runs: COMPLETE is refused (OOM); the key stays held (a retry is 409,
+        // not a second run) and the response is stored in the background once memory is freed.
+        const k = newKey();
+        const first = request(app.url, { path: "/slow?ms=300", headers: [["idempotency-key", k]] });
+        await sleep(100);
+        await maxmemory(1);
+        const answered = await first;
+        assert.equal(answered.status, 201);
+        assertProblem(await request(app.url, { path: "/slow?ms=300", headers: [["idempotency-key", k]] }), "in_flight");
+        await maxmemory(0);
+        let record = null;
+        for (let i = 0; i < 100 && record?.state !== "completed"; i++) {
+          await sleep(50);
+          record = await c.get(idem.redisKey(HTTP.defaults.key_prefix, "", k));
+        }
+        const replay = await request(app.url, { path: "/slow?ms=300", headers: [["idempotency-key", k]] });
+        assert.equal(replay.headers["idempotent-replayed"], "true");
+        assert.equal(replay.text, answered.text);
+        assert.equal(app.calls.of(`slow:/${k}`), 1);
+      });
+    } finally {
+      await maxmemory(0).catch(() => undefined);
+      await c.close();
+    }
+  });
 }
