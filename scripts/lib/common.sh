@@ -32,7 +32,10 @@ build_module() {
   fi
   cargo build --release -q -p idem >&2
   mkdir -p "$target/release/module"
-  cp "$target/release/libidem.so" "$target/release/module/libidem.so"
+  # A new file renamed into place: a redis-server that loaded the previous
+  # copy keeps its mapping (copying over it in place crashed such servers).
+  cp "$target/release/libidem.so" "$target/release/module/libidem.so.$$"
+  mv -f "$target/release/module/libidem.so.$$" "$target/release/module/libidem.so"
   echo "$target/release/module/libidem.so"
 }
 

@@ -55,6 +55,14 @@ pub async fn create_payment(
         Ok(value) => value,
         Err(err) => return error(StatusCode::BAD_REQUEST, "invalid_json", &err.to_string()),
     };
+    // serde would also read a struct from an array of its fields.
+    if !value.is_object() {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_payment",
+            "a payment is a JSON object",
+        );
+    }
     let request: NewPayment = match serde_json::from_value(value) {
         Ok(request) => request,
         Err(err) => {
