@@ -47,6 +47,11 @@ async function handle(flow: Idempotency, req: IdempotentRequest, res: ServerResp
     return;
   }
   if (key !== null) {
+    if (req.readableEnded) {
+      // A body parser ran first: the bytes the fingerprint needs are gone.
+      next(new Error("idem-client/express: the request body was already read; mount the idempotency middleware before body parsers"));
+      return;
+    }
     const read = await readBody(req, flow.maxRequestBody);
     if (read.kind !== "body") {
       sendRaw(res, problem(read.kind === "too_large" ? "request_too_large" : "unreadable_request"));

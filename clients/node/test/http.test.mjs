@@ -256,6 +256,34 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
       }
     }));
 
+  if (framework === "express") {
+    test("express: mounted after a body parser, the middleware refuses to guess the request's bytes", async () => {
+      const { default: express } = await import("express");
+      const { idempotency } = await import("../dist/express.js");
+      const app = express();
+      app.use(express.json());
+      app.use(idempotency({ client, logger: quiet }));
+      let runs = 0;
+      app.post("/late", (_req, res) => {
+        runs++;
+        res.status(201).send("ran");
+      });
+      // eslint-disable-next-line no-unused-vars -- Express tells error handlers by their four parameters
+      app.use((err, _req, res, _next) => res.status(500).send(err.message));
+      const server = app.listen(0, "127.0.0.1");
+      await new Promise((resolve) => server.once("listening", resolve));
+      try {
+        const res = await request(`http://127.0.0.1:${server.address().port}`, { path: "/late", headers: [["idempotency-key", newKey()], JSON_CT], body: '{"a":1}' });
+        assert.equal(res.status, 500);
+        assert.match(res.text, /before body parsers/);
+        assert.equal(runs, 0);
+      } finally {
+        server.closeAllConnections();
+        await new Promise((resolve) => server.close(resolve));
+      }
+    });
+  }
+
   test(`${framework}: a client hanging up does not cut the flow short`, () =>
     withApp({}, async (app) => {
       const k = newKey();
