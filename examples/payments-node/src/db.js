@@ -11,7 +11,7 @@ import pg from "pg";
 /** The writer's migrations, read from the repository: `NNNN_name.sql` is version NNNN named `name`. */
 export const WRITER_MIGRATIONS = fileURLToPath(new URL("../../../crates/idem-writer/migrations/", import.meta.url));
 
-/** The writer's advisory lock serialising migrations ("idemwrit", crates/idem-writer/src/migrate.rs MIGRATION_LOCK_ID). */
+/** The writer's advisory lock serialising migrations ("idemwrit", MIGRATION_LOCK_ID of the writer's migrations module). */
 export const WRITER_MIGRATION_LOCK = "7594306392483326324"; // 0x6964656d77726974
 
 /** The example's advisory lock serialising its migration ("payments", examples/payments-api/src/db.rs MIGRATION_LOCK_ID). */
