@@ -1,11 +1,12 @@
 //! The CLI's exit codes and how a failure is reported (stderr as text, or
-//! one JSON document on stdout with `--json`). docs/operations/cli.md lists
-//! the same codes.
+//! one JSON document on stdout with `--json`). docs/operations/cli.md shows
+//! the codes from here (the `// ANCHOR` lines).
 
 use std::process::ExitCode;
 
 use serde_json::json;
 
+// ANCHOR: codes
 /// What `idem` exits with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
@@ -25,6 +26,7 @@ pub enum Code {
     /// `remirror`: some records could not be written (listed).
     Incomplete = 6,
 }
+// ANCHOR_END: codes
 
 impl From<Code> for ExitCode {
     fn from(code: Code) -> ExitCode {

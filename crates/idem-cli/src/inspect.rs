@@ -9,6 +9,7 @@ use crate::output::{now_ms, Outcome};
 use crate::postgres::{self, Row};
 use crate::redis_side;
 
+// ANCHOR: verdicts
 /// What the two sides say together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -32,6 +33,7 @@ pub enum Verdict {
     /// Neither holds the key.
     NotFound,
 }
+// ANCHOR_END: verdicts
 
 impl Verdict {
     fn name(self) -> &'static str {

@@ -824,6 +824,24 @@ async fn remirror_writes_back_what_postgres_lost_and_never_goes_backwards(layout
     assert_eq!(doc["nodes"][0]["written"], 0, "{doc}");
     assert_eq!(doc["nodes"][0]["unchanged"], 5, "{doc}");
 
+    // A key Postgres cannot index (too long even compressed): its batch is
+    // written row by row, it alone is listed as failed, exit 6.
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let long: String = (0..8000)
+        .map(|_| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            char::from(b'a' + (seed >> 59) as u8 % 26)
+        })
+        .collect();
+    completed(&mut conn, &long);
+    let (code, doc) = run(&[]);
+    assert_eq!(code, 6, "{doc}");
+    let failed = doc["nodes"][0]["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{doc}");
+    assert_eq!(failed[0]["key"], long.as_str());
+    assert_eq!(doc["nodes"][0]["unchanged"], 5, "{doc}");
+    let _: () = redis::cmd("DEL").arg(&long).query(&mut conn).unwrap();
+
     // RFC 3339 works as well as Unix ms; nonsense is a usage error.
     let (code, doc) = idem(&[
         "remirror",
