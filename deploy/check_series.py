@@ -6,7 +6,7 @@ every alert's `runbook` annotation points at a section of the runbook.
 
 The exported series are read from the code's one list of names: the
 `names` modules of crates/idem-client/src/middleware/metrics.rs and
-crates/idem-writer/src/metrics.rs (whose unit tests hold the registries to
+crates/idem-writer/src/ops/metrics.rs (whose unit tests hold the registries to
 them). Histograms (`*_duration_seconds`) also export `_bucket`, `_sum` and
 `_count`. Run by scripts/test-ops.sh; exits 1 naming each problem.
 """
@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 NAME_SOURCES = [
     ROOT / "crates/idem-client/src/middleware/metrics.rs",
-    ROOT / "crates/idem-writer/src/metrics.rs",
+    ROOT / "crates/idem-writer/src/ops/metrics.rs",
 ]
 RULES = ROOT / "deploy/prometheus/idem-rules.yml"
 DASHBOARD = ROOT / "deploy/grafana/idem.json"

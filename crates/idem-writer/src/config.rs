@@ -6,7 +6,7 @@ use std::time::Duration;
 use idem_core::args::MAX_PULL;
 
 use crate::error::{ensure_config, Result};
-use crate::partitions::{Layout, DEFAULT_DAYS_AHEAD};
+use crate::postgres::partitions::{Layout, DEFAULT_DAYS_AHEAD};
 use crate::topology::Topology;
 
 /// Everything `run` needs. Build with [`WriterConfig::new`] and adjust the

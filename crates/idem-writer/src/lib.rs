@@ -40,32 +40,23 @@
 #![warn(missing_docs)]
 
 mod backoff;
-pub mod cleanup;
-mod cluster;
 mod config;
 mod duration;
 mod error;
-mod http;
-mod metrics;
-mod migrate;
-mod mirrors;
-mod node;
-pub mod partitions;
+mod mirror;
+mod ops;
 mod postgres;
-mod record;
-mod redis_node;
-mod sentinel;
-pub mod store;
-mod target;
 mod topology;
 mod writer;
+
+pub use postgres::{cleanup, partitions, store};
 
 pub use cleanup::Cleaned;
 pub use config::WriterConfig;
 pub use duration::parse_duration;
 pub use error::{Error, Result};
-pub use migrate::{migrate, migrate_with_layout};
+pub use mirror::record::{MirrorRecord, NEVER_EXPIRES_MS};
 pub use partitions::Layout;
-pub use record::{MirrorRecord, NEVER_EXPIRES_MS};
+pub use postgres::migrate::{migrate, migrate_with_layout};
 pub use topology::Topology;
 pub use writer::{cleanup_once, connect, run};

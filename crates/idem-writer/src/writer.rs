@@ -14,15 +14,15 @@ use tracing::{error, info, warn};
 
 use crate::backoff::sleep_unless;
 use crate::backoff::Backoff;
-use crate::cleanup::{clean, Cleaned};
 use crate::config::WriterConfig;
 use crate::error::{Context, Error, Result};
-use crate::metrics::{ErrorKind, Metrics};
-use crate::migrate::migrate_to;
-use crate::mirrors::Mirrors;
-use crate::node::Shutdown;
-use crate::partitions::Layout;
+use crate::mirror::node::Shutdown;
+use crate::mirror::Mirrors;
+use crate::ops::metrics::{ErrorKind, Metrics};
+use crate::postgres::cleanup::{clean, Cleaned};
+use crate::postgres::migrate::migrate_to;
 use crate::postgres::parse_database_url;
+use crate::postgres::partitions::Layout;
 use crate::topology::Discovery;
 
 /// Longest wait before retrying a failed cleanup run.
@@ -48,7 +48,8 @@ pub async fn run(config: WriterConfig, shutdown: impl Future<Output = ()> + Send
     let http = match config.metrics_addr {
         Some(addr) => {
             let (bound, task) =
-                crate::http::serve(addr, metrics.clone(), shutdown_stages.stop.clone()).await?;
+                crate::ops::http::serve(addr, metrics.clone(), shutdown_stages.stop.clone())
+                    .await?;
             info!(%bound, "serving /metrics and /healthz");
             Some(task)
         }

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
-use crate::record::MirrorRecord;
+use crate::mirror::record::MirrorRecord;
 
 /// The batch as rows: the column arrays unnested, headers regrouped per row.
 macro_rules! incoming_rows {
@@ -165,7 +165,7 @@ pub async fn upsert_records(
 /// [`upsert_records`] for either layout. The partitioned layout runs one
 /// transaction: the keys' locks, then the upsert, then COMMIT (rolled back
 /// on an error, so the connection stays usable). The partitions the rows
-/// need must exist ([`crate::partitions::ensure_days`]).
+/// need must exist ([`crate::postgres::partitions::ensure_days`]).
 pub async fn upsert_with(
     client: &Client,
     statements: Statements<'_>,

@@ -12,7 +12,7 @@ use axum::Router;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Context, Result};
-use crate::metrics::{Metrics, CONTENT_TYPE};
+use crate::ops::metrics::{Metrics, CONTENT_TYPE};
 
 /// Binds `addr` now (so a bad address fails the start) and serves until
 /// `stop` is cancelled. Returns the bound address and the server task.

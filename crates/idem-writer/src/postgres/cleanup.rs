@@ -5,7 +5,7 @@
 use tokio_postgres::Client;
 
 use crate::error::{Context, Result};
-use crate::partitions::{self, Layout};
+use crate::postgres::partitions::{self, Layout};
 
 /// Deletes up to `$1` expired rows; rows another transaction holds (a
 /// concurrent upsert reviving the key) are skipped, and re-checked on delete.

@@ -294,7 +294,7 @@ mod tests {
     #[test]
     fn rows_without_ttl_go_to_the_never_partition() {
         assert_eq!(days_from_civil(9999, 12, 31), NEVER_DAY);
-        let never_ms = crate::record::NEVER_EXPIRES_MS;
+        let never_ms = crate::mirror::record::NEVER_EXPIRES_MS;
         assert_eq!(partition_name(day_of_ms(never_ms)), NEVER_PARTITION);
         assert_eq!(partition_name(NEVER_DAY - 1), "idempotency_keys_p99991230");
     }

@@ -1,6 +1,14 @@
-//! The Postgres side of the mirror: the connection pool and one attempt at
+//! The Postgres side of the mirror: the schema and its migrations
+//! (`migrate`), the daily partitions of the partitioned layout
+//! (`partitions`), the statements rows are written with (`store`), the
+//! cleanup job (`cleanup`); and here the connection pool and one attempt at
 //! storing a batch, isolating rows Postgres refuses so that one bad record
 //! cannot block the rest.
+
+pub mod cleanup;
+pub(crate) mod migrate;
+pub mod partitions;
+pub mod store;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -10,9 +18,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
 use crate::error::{Cause, Context, Error, Result};
-use crate::partitions::{day_of_ms, ensure_days, Layout};
-use crate::record::MirrorRecord;
-use crate::store::{
+use crate::mirror::record::MirrorRecord;
+use crate::postgres::partitions::{day_of_ms, ensure_days, Layout};
+use crate::postgres::store::{
     latest_per_key, upsert_with, Statements, LOCK_KEYS_SQL, PARTITIONED_UPSERT_SQL, UPSERT_SQL,
 };
 

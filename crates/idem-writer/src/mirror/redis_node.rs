@@ -9,7 +9,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, ServerErrorKind, Value};
 
 use crate::error::{Error, Result};
-use crate::target::Target;
+use crate::topology::target::Target;
 
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -12,7 +12,7 @@ use tracing::{debug, info};
 
 use crate::backoff::{sleep_unless, Backoff};
 use crate::error::{ensure_config, Context, Error, Result};
-use crate::target::{parse_url, query_once, role, with_address, Target, QUERY_TIMEOUT};
+use crate::topology::target::{parse_url, query_once, role, with_address, Target, QUERY_TIMEOUT};
 
 pub struct SentinelDiscovery {
     sentinels: Vec<ConnectionInfo>,

@@ -16,10 +16,10 @@ use tracing::{debug, info, warn};
 
 use crate::backoff::{sleep_unless, Backoff};
 use crate::config::WriterConfig;
-use crate::metrics::{ErrorKind, Metrics, NodeMetrics};
+use crate::mirror::record::{parse_pull_reply, MirrorRecord, RecordError, Rejected};
+use crate::mirror::redis_node::RedisNode;
+use crate::ops::metrics::{ErrorKind, Metrics, NodeMetrics};
 use crate::postgres::{store_batch, Stored};
-use crate::record::{parse_pull_reply, MirrorRecord, RecordError, Rejected};
-use crate::redis_node::RedisNode;
 
 /// The two stages of shutdown: `stop` ends pulling; `abort` (a grace period
 /// later) gives up retrying the batches in hand.

@@ -5,7 +5,7 @@ use futures_util::future::join_all;
 use redis::{ConnectionInfo, Value};
 
 use crate::error::{ensure_config, Context, Error, Result};
-use crate::target::{host_of, parse_url, query_once, with_address, Target};
+use crate::topology::target::{host_of, parse_url, query_once, with_address, Target};
 
 /// One line of `CLUSTER NODES`, as far as discovery needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,10 +1,15 @@
 //! Where the primaries to mirror come from: a fixed list, Redis Cluster
-//! discovery, or the primary Sentinel names; and how one discovery is made.
+//! discovery (`cluster`), or the primary Sentinel names (`sentinel`), each
+//! a `target` to connect to; and how one discovery is made.
 
-use crate::cluster::ClusterDiscovery;
+pub(crate) mod cluster;
+pub(crate) mod sentinel;
+pub(crate) mod target;
+
 use crate::error::{ensure_config, Result};
-use crate::sentinel::SentinelDiscovery;
-use crate::target::{parse_url, Target};
+use crate::topology::cluster::ClusterDiscovery;
+use crate::topology::sentinel::SentinelDiscovery;
+use crate::topology::target::{parse_url, Target};
 
 /// The primaries a writer mirrors.
 #[derive(Debug, Clone, PartialEq, Eq)]

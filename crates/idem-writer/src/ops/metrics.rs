@@ -88,7 +88,7 @@ impl ErrorKind {
         ErrorKind::Topology,
     ];
 
-// ANCHOR: error_kinds
+    // ANCHOR: error_kinds
     pub fn label(self) -> &'static str {
         match self {
             ErrorKind::RedisConnect => "redis_connect",

@@ -4,7 +4,7 @@
 use tracing::{info, warn};
 
 use crate::error::{Context, Error, Result};
-use crate::partitions::{self, Layout, DEFAULT_DAYS_AHEAD};
+use crate::postgres::partitions::{self, Layout, DEFAULT_DAYS_AHEAD};
 
 /// One schema change, applied once, in version order.
 struct Migration {
@@ -17,23 +17,23 @@ const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "idempotency_keys",
-        sql: include_str!("../migrations/0001_idempotency_keys.sql"),
+        sql: include_str!("../../migrations/0001_idempotency_keys.sql"),
     },
     Migration {
         version: 2,
         name: "fenced",
-        sql: include_str!("../migrations/0002_fenced.sql"),
+        sql: include_str!("../../migrations/0002_fenced.sql"),
     },
     Migration {
         version: 3,
         name: "lease",
-        sql: include_str!("../migrations/0003_lease.sql"),
+        sql: include_str!("../../migrations/0003_lease.sql"),
     },
 ];
 
 /// Migration 1 for the partitioned layout (same columns and checks).
 const PARTITIONED_TABLE_SQL: &str =
-    include_str!("../migrations/0001_idempotency_keys_partitioned.sql");
+    include_str!("../../migrations/0001_idempotency_keys_partitioned.sql");
 
 /// Transaction-scoped advisory lock serialising migrations ("idemwrit").
 const MIGRATION_LOCK_ID: i64 = 0x6964_656d_7772_6974;

@@ -1,7 +1,14 @@
-//! The set of running node mirrors, kept equal to the discovered primaries:
+//! The mirror of each Redis node: its connection (`redis_node`), the
+//! records it pulls (`record`), its pull → commit → acknowledge loop
+//! (`node`); and here the set of running node mirrors, kept equal to the
+//! discovered primaries:
 //! a mirror starts for each new primary; a node no longer primary is
 //! retired (it stops pulling, still commits and acknowledges the batches in
 //! hand, and gives up on them after the grace period).
+
+pub(crate) mod node;
+pub(crate) mod record;
+pub(crate) mod redis_node;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,10 +21,10 @@ use tracing::info;
 
 use crate::config::WriterConfig;
 use crate::error::{Error, Result};
-use crate::metrics::Metrics;
-use crate::node::{poll_mirror_info, NodeLoop, Shutdown};
-use crate::redis_node::RedisNode;
-use crate::target::Target;
+use crate::mirror::node::{poll_mirror_info, NodeLoop, Shutdown};
+use crate::mirror::redis_node::RedisNode;
+use crate::ops::metrics::Metrics;
+use crate::topology::target::Target;
 
 /// A node's mirror tasks; `generation` tells a retired mirror still
 /// finishing from a newer one on the same address.
