@@ -325,6 +325,7 @@ impl PgStandby {
                 "-R",
                 "-X",
                 "stream",
+                "--checkpoint=fast",
                 "--no-sync",
             ],
         );
@@ -361,8 +362,13 @@ impl PgStandby {
         standby
     }
 
-    /// Runs SQL through `psql` over the network.
+    /// Runs SQL through `psql` over the network, in database `postgres`.
     pub fn psql(&self, sql: &str) -> String {
+        self.psql_on("postgres", sql)
+    }
+
+    /// Runs SQL through `psql` over the network, in database `db`.
+    pub fn psql_on(&self, db: &str, sql: &str) -> String {
         let out = self.run_checked(
             "psql",
             &[
@@ -373,7 +379,7 @@ impl PgStandby {
                 "-U",
                 "postgres",
                 "-d",
-                "postgres",
+                db,
                 "-v",
                 "ON_ERROR_STOP=1",
                 "-Atqc",
@@ -388,7 +394,10 @@ impl PgStandby {
         self.psql("SELECT pg_is_in_recovery()").trim() == "t"
     }
 
-    /// `pg_ctl promote`, waiting until it accepts writes.
+    /// `pg_ctl promote`, waiting until it accepts writes; then, as a
+    /// cluster manager does for a primary left without standbys, clears the
+    /// `synchronous_standby_names` its base backup copied from the old
+    /// primary (else every synchronous commit on it waits forever).
     pub fn promote(&self) {
         let data = self.data_dir();
         self.run_checked(
@@ -400,6 +409,8 @@ impl PgStandby {
             assert!(Instant::now() < deadline, "not promoted:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.psql("ALTER SYSTEM RESET synchronous_standby_names");
+        self.psql("SELECT pg_reload_conf()");
     }
 
     pub fn log(&self) -> String {

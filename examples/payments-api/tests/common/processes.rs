@@ -1,6 +1,7 @@
 //! The example service and the mirror writer as real processes (killed on
-//! drop), for the chaos test: started on free ports, frozen and thawed with
-//! SIGSTOP/SIGCONT.
+//! drop), for the chaos and partition tests: started on free ports, frozen
+//! and thawed with SIGSTOP/SIGCONT; the writer also inside a network
+//! namespace.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -120,8 +121,25 @@ fn writer_binary() -> PathBuf {
 
 /// `idem-writer run` mirroring `redis_url` into `database_url`.
 pub fn start_writer(redis_url: &str, database_url: &str) -> Process {
-    let mut cmd = Command::new(writer_binary());
-    cmd.args(["run", "--redis", redis_url, "--database-url", database_url])
+    start_writer_in(None, &["--redis", redis_url], database_url)
+}
+
+/// `idem-writer run SOURCE... --database-url DATABASE_URL` inside network
+/// namespace `netns` (`ip netns exec`, which runs it in place: signals
+/// reach the writer), or here when `None`. `source`: `--redis URL,...` or
+/// `--sentinel URL,... --service-name NAME`.
+pub fn start_writer_in(netns: Option<&str>, source: &[&str], database_url: &str) -> Process {
+    let mut cmd = match netns {
+        Some(netns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", netns]).arg(writer_binary());
+            cmd
+        }
+        None => Command::new(writer_binary()),
+    };
+    cmd.arg("run")
+        .args(source)
+        .args(["--database-url", database_url])
         .args(["--block-ms", "100", "--claim-ms", "2000", "--no-cleanup"])
         .env_remove("REDIS_URL")
         .env_remove("DATABASE_URL")
