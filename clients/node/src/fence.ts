@@ -52,9 +52,12 @@ const inFlight = (): InFlight => ({ kind: "in_flight", retryAfterMs: spec.http()
 const sql = (name: Statement): string => spec.fence().statements[name].sql;
 const ms = (v: number | null): string | null => (v === null ? null : String(Math.max(1, Math.round(v))));
 
-/** What the handler did with its fence, as the middleware reads it. */
+/**
+ * What the handler did with its fence, as the middleware reads it. "claimed_up_front": the middleware claimed
+ * durably (through `pool`) before the handler ran (its claimUpFront), and the handler has not used the fence yet.
+ */
 export class FenceReport {
-  kind: "unused" | "claimed" | "decided" | "committed" = "unused";
+  kind: "unused" | "claimed_up_front" | "claimed" | "decided" | "committed" = "unused";
   claim: Claim | null = null;
   committed: StoredResponse | null = null;
   pool: Pool | null = null;
@@ -64,6 +67,13 @@ export class FenceReport {
     this.claim = more.claim ?? null;
     this.committed = more.committed ?? null;
     this.pool = more.pool ?? null;
+  }
+
+  /** The handler takes over the claim made up front, if there is one: it is then a claim made through its pool. */
+  takeUpFront(): boolean {
+    if (this.kind !== "claimed_up_front") return false;
+    this.kind = "claimed";
+    return true;
   }
 }
 
@@ -176,9 +186,11 @@ export class Fence {
   /**
    * Claims the key durably: the in_progress row, with this token and a lease, commits on its own before this
    * resolves. Call anything outside Postgres now (with downstreamKey()), then commit the effect in a short
-   * transaction. `source` is a pool or a client outside any transaction.
+   * transaction. `source` is a pool or a client outside any transaction. Behind the middleware's claimUpFront
+   * the first call resolves Proceed at once, with no statement (the middleware claimed).
    */
   async claim(source: Source): Promise<Claim> {
+    if (this.report?.takeUpFront() === true) return { kind: "proceed" };
     const pool = isPool(source) ? source : null;
     let claim: Claim;
     try {
@@ -214,9 +226,11 @@ export class Fence {
 
   /**
    * Claims the key inside the caller's open transaction on `conn` (effects only in Postgres: claim, effect
-   * and completion commit together; its rollback undoes the claim).
+   * and completion commit together; its rollback undoes the claim). Behind claimUpFront, see claim: the claim
+   * made up front has committed already, and the middleware releases it unless the completion commits.
    */
   async claimIn(conn: ClientBase): Promise<Claim> {
+    if (this.report?.takeUpFront() === true) return { kind: "proceed" };
     let claim: Claim;
     try {
       claim = await this.claimOn(conn, null, ms(this.idleTimeoutMs));
@@ -226,10 +240,27 @@ export class Fence {
     return this.after(claim);
   }
 
+  /**
+   * The write gate, then `name` (guarded by the key and token; a row when it wrote). On a client in node-postgres'
+   * pipeline mode (`pipeline: true` in its or its pool's config) both go out at once, the gate first (queries are
+   * sent in the order they are made, each parsed unnamed in its own message sequence): one round trip. The server
+   * runs them in that order, so the gate is taken before the row is locked, as a claim takes them; when the gate
+   * fails (lock_timeout) `name` fails in the aborted transaction and the gate's error is thrown. Otherwise
+   * node-postgres sends a query only once the one before has answered: two round trips.
+   */
   private async write(conn: ClientBase, name: "complete" | "renew", params: unknown[]): Promise<Held | Lost> {
     const idle = ms(this.idleTimeoutMs);
-    await this.raw(conn, "write_gate", [this.key, idle, idle]);
-    if ((await this.raw(conn, name, params)) !== undefined) return { kind: "held" };
+    let written: unknown[] | undefined;
+    if ((conn as { pipeline?: unknown }).pipeline === true) {
+      const [gate, write] = await Promise.allSettled([this.raw(conn, "write_gate", [this.key, idle, idle]), this.raw(conn, name, params)]);
+      if (gate.status === "rejected") throw gate.reason;
+      if (write.status === "rejected") throw write.reason;
+      written = write.value;
+    } else {
+      await this.raw(conn, "write_gate", [this.key, idle, idle]);
+      written = await this.raw(conn, name, params);
+    }
+    if (written !== undefined) return { kind: "held" };
     const row = await this.raw(conn, "row", [this.key]);
     const claim = decide(toRow(this.key, row), this.fingerprintHex, this.token);
     const lost: Lost = { kind: "lost", claim: claim.kind === "proceed" ? inFlight() : claim };

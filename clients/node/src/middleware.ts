@@ -14,13 +14,17 @@
 //   closed), or the handler runs unprotected with failOpen;
 // - a handler that used the fence: Redis is settled by what it did
 //   (committed: COMPLETE MIRRORED; decided: the fence's answer; claimed, not
-//   committed: the durable claim and the key released).
+//   committed: the durable claim and the key released);
+// - claimUpFront: the fence's durable claim stands in for read-through's
+//   lookup, before the handler runs (docs/fence.md; the Rust layer's
+//   claim_up_front).
 import * as spec from "./spec.js";
 import { canonicalize } from "./canonicalJson.js";
-import { CompletedError, IdemError, NotFoundError, StaleError } from "./errors.js";
+import { CompletedError, IdemError, NotFoundError, PostgresError, StaleError } from "./errors.js";
 import { Fence, FenceReport, type Claim, type Layout } from "./fence.js";
 import { Fingerprinter } from "./fingerprint.js";
 import { InvalidKeyError, parseKey, redisKey, tenantOfLines } from "./keys.js";
+import type { Pool } from "pg";
 import type { IdemClient } from "./client.js";
 import type { ReadThrough } from "./readThrough.js";
 import type { InFlight, Mismatch, Outcome, Replay, StoredResponse } from "./types.js";
@@ -74,6 +78,14 @@ export interface IdempotencyOptions {
   maxRetryAfterMs?: number;
   /** The idempotency_keys table's layout, for the fence. */
   tableLayout?: Layout;
+  /**
+   * Claim every request's fence durably before its handler runs, in place of read-through's lookup (default: off;
+   * needs readThrough, whose pool and timeout it uses). A completed row is replayed (and refilled into Redis),
+   * another request's row is 422, a live claim is 409; otherwise the handler runs holding the claim and its
+   * fence.claim(..) resolves Proceed with no statement. For apps whose keyed handlers all use the fence: a
+   * handler that does not has the claim released after it returns, then its response is stored as usual.
+   */
+  claimUpFront?: boolean;
   logger?: Logger;
 }
 
@@ -162,12 +174,14 @@ export class Idempotency {
   readonly fingerprinter: Fingerprinter;
   readonly maxRetryAfterMs: number;
   readonly tableLayout: Layout;
+  readonly claimUpFront: boolean;
   readonly logger: Logger;
   private readonly background = new Set<Promise<unknown>>();
 
   constructor(options: IdempotencyOptions) {
     const d = spec.http().defaults;
     if (options.tenant !== undefined && options.tenantHeader !== undefined) throw new TypeError("give tenant or tenantHeader, not both");
+    if (options.claimUpFront === true && options.readThrough === undefined) throw new TypeError("claimUpFront needs readThrough (its pool and timeout)");
     this.client = options.client;
     this.readThrough = options.readThrough;
     this.methods = new Set((options.methods ?? d.methods).map((m) => m.toUpperCase()));
@@ -188,6 +202,7 @@ export class Idempotency {
     this.fingerprinter = options.fingerprinter ?? new Fingerprinter({ canonicalJson: d.canonical_json });
     this.maxRetryAfterMs = options.maxRetryAfterMs ?? d.max_retry_after_ms;
     this.tableLayout = options.tableLayout ?? "unpartitioned";
+    this.claimUpFront = options.claimUpFront ?? false;
     this.logger = options.logger ?? console;
   }
 
@@ -227,8 +242,9 @@ export class Idempotency {
     const rkey = redisKey(this.keyPrefix, tenant, key);
     const fingerprint = this.fingerprinter.fingerprint(request.method, request.target, request.headers, request.body);
     let outcome: Outcome;
+    let fence: Fence | null;
     try {
-      outcome = await this.begin(rkey, fingerprint);
+      [outcome, fence] = await this.beginRequest(rkey, fingerprint);
     } catch (err) {
       if (!(err instanceof IdemError)) throw err;
       if (err.isUnreachable && this.failOpen) {
@@ -242,8 +258,83 @@ export class Idempotency {
       this.logger.error(`IDEM.BEGIN failed: ${err.message}`);
       return { kind: "respond", response: problem("internal") };
     }
-    if (outcome.kind === "new") return { kind: "run", run: new Run(this, rkey, outcome.token, fingerprint) };
+    if (outcome.kind === "new") return { kind: "run", run: new Run(this, rkey, outcome.token, fingerprint, fence ?? undefined) };
     return { kind: "respond", response: this.answer(outcome) };
+  }
+
+  /** The fence of a request about to run, with its report attached. */
+  fence(key: string, token: bigint, fingerprint: Buffer): Fence {
+    const fence = new Fence(key, token, fingerprint, this.ttlMs, { leaseMs: this.leaseMs, layout: this.tableLayout });
+    fence.report = new FenceReport();
+    return fence;
+  }
+
+  /**
+   * A request's first BEGIN: begin, or with claimUpFront BEGIN and then the fence's durable claim through
+   * read-through's pool (bounded by its timeout) in place of the lookup. What the claim finds is answered as
+   * read-through answers a mirror row (a completed row refills Redis and is replayed, another request's row is a
+   * mismatch) and a live claim is in flight; in each the key is given back to Redis but for the refill. When
+   * Postgres does not answer in time the key is released, the claim (which may still commit) is released in the
+   * background once it does, and PostgresError thrown (503). On new with the claim made, the fence holding it.
+   */
+  async beginRequest(key: string, fingerprint: Buffer): Promise<[Outcome, Fence | null]> {
+    const readThrough = this.readThrough;
+    if (!this.claimUpFront || readThrough === undefined) return [await this.begin(key, fingerprint), null];
+    const outcome = await this.client.begin(key, fingerprint, { ttlMs: this.ttlMs, leaseMs: this.leaseMs, waitMs: this.waitMs });
+    if (outcome.kind !== "new") return [outcome, null];
+    const token = outcome.token;
+    const fence = this.fence(key, token, fingerprint);
+    const pool = readThrough.pool;
+    const claiming = fence.claim(pool);
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<"late">((resolve) => {
+      timer = setTimeout(() => resolve("late"), readThrough.timeoutMs);
+    });
+    let claim: Claim | "late";
+    try {
+      claim = await Promise.race([claiming, late]);
+    } catch (err) {
+      await this.abort(key, token);
+      throw err;
+    } finally {
+      clearTimeout(timer);
+    }
+    if (claim === "late") {
+      this.keep(
+        claiming.then(
+          (made) => (made.kind === "proceed" ? releaseClaim(fence, pool, this.logger) : undefined),
+          () => undefined,
+        ),
+      );
+      await this.abort(key, token);
+      throw new PostgresError(`the fence's claim had no answer within ${readThrough.timeoutMs} ms`);
+    }
+    if (claim.kind === "proceed") {
+      fence.report?.set("claimed_up_front", { pool });
+      return [outcome, fence];
+    }
+    if (claim.kind === "replay") {
+      try {
+        await this.client.complete(key, token, claim.response, "mirror");
+      } catch (err) {
+        if (!(err instanceof IdemError)) throw err;
+        // The row's answer stands; Redis just stays without it.
+        this.logger.warn(`${key}: could not refill redis from the fence's row: ${err.message}`);
+        await this.abort(key, token);
+      }
+      return [claim, null];
+    }
+    await this.abort(key, token);
+    return [claim, null];
+  }
+
+  /** ABORT; a failure leaves the key to lapse with its lease. */
+  async abort(key: string, token: bigint): Promise<void> {
+    try {
+      await this.client.abort(key, token);
+    } catch (err) {
+      this.logger.warn(`${key}: ABORT failed; the key frees itself when its lease lapses: ${String(err)}`);
+    }
   }
 
   async begin(key: string, fingerprint: Buffer): Promise<Outcome> {
@@ -270,14 +361,15 @@ const defaultsMs = (name: "store_at_once_ms" | "store_pause_first_ms" | "store_p
 export class Run {
   readonly context: IdempotencyContext;
   private readonly flow: Idempotency;
-  private readonly report = new FenceReport();
+  private readonly report: FenceReport;
   private renewal: NodeJS.Timeout | undefined;
   private settled = false;
 
-  constructor(flow: Idempotency, key: string, token: bigint, fingerprint: Buffer) {
+  /** `fence`: the request's (flow.fence's by default), or the one holding the claim made up front. */
+  constructor(flow: Idempotency, key: string, token: bigint, fingerprint: Buffer, fence: Fence = flow.fence(key, token, fingerprint)) {
     this.flow = flow;
-    const fence = new Fence(key, token, fingerprint, flow.ttlMs, { leaseMs: flow.leaseMs, layout: flow.tableLayout });
-    fence.report = this.report;
+    fence.report ??= new FenceReport();
+    this.report = fence.report;
     this.context = { key, token, fingerprint, ttlMs: flow.ttlMs, fence };
     this.keepLease();
   }
@@ -317,21 +409,21 @@ export class Run {
   async overflowed(): Promise<void> {
     this.stop();
     this.flow.logger.warn(`${this.key}: response larger than maxResponseBody: sent, not stored`);
-    if (this.report.kind === "unused") await this.release();
+    if (await this.unused()) await this.release();
     else await this.settleFence();
   }
 
   /** The handler failed without a response (it threw): the key is settled so a retry can run. */
   async failed(): Promise<void> {
     this.stop();
-    if (this.report.kind !== "unused") await this.settleFence();
-    else await this.release();
+    if (await this.unused()) await this.release();
+    else await this.settleFence();
   }
 
   /** The handler's response: answers what the client gets (the handler's own, or the key's answer when the key was lost meanwhile). */
   async finish(response: HttpResponse): Promise<HttpResponse> {
     this.stop();
-    if (this.report.kind !== "unused") return (await this.settleFence()) ?? response;
+    if (!(await this.unused())) return (await this.settleFence()) ?? response;
     if (!this.flow.storePolicy(response.status)) {
       await this.release();
       return response;
@@ -344,6 +436,17 @@ export class Run {
       ),
     };
     return (await this.store(stored)) ?? response;
+  }
+
+  /**
+   * Whether the handler left the fence unused. A claim made up front that the handler did not take over is given
+   * up first (RELEASE through its pool); the response is then settled as any other.
+   */
+  private async unused(): Promise<boolean> {
+    if (this.report.kind !== "claimed_up_front") return this.report.kind === "unused";
+    await releaseClaim(this.fence, this.report.pool, this.flow.logger);
+    this.report.set("unused");
+    return true;
   }
 
   /** Settles a key whose handler used the fence; an answer when the client gets the fence's instead of the handler's response. */
@@ -364,13 +467,7 @@ export class Run {
     }
     // Claimed but not committed through the fence: nothing happened, or a retry's claim finds out. A durable
     // claim is given up first, so the retry Redis lets in next proceeds at once.
-    if (report.kind === "claimed" && report.pool !== null) {
-      try {
-        await this.fence.release(report.pool);
-      } catch (err) {
-        this.flow.logger.warn(`${this.key}: could not release the fence's claim; it ends with its lease: ${String(err)}`);
-      }
-    }
+    if (report.kind === "claimed" || report.kind === "claimed_up_front") await releaseClaim(this.fence, report.pool, this.flow.logger);
     await this.release();
     return null;
   }
@@ -396,11 +493,7 @@ export class Run {
 
   /** ABORT; a failure leaves the key to lapse with its lease. */
   async release(token: bigint = this.context.token): Promise<void> {
-    try {
-      await this.flow.client.abort(this.key, token);
-    } catch (err) {
-      this.flow.logger.warn(`${this.key}: ABORT failed; the key frees itself when its lease lapses: ${String(err)}`);
-    }
+    await this.flow.abort(this.key, token);
   }
 
   /** Stores the handler's response; an answer when the key's answer is not the handler's own (taken over or lost meanwhile). */
@@ -482,5 +575,15 @@ export class Run {
       }
     }
     return null;
+  }
+}
+
+/** Gives up the fence's durable claim made through `pool` (none without one); a failure leaves it to end with its lease. */
+async function releaseClaim(fence: Fence, pool: Pool | null, logger: Logger): Promise<void> {
+  if (pool === null) return;
+  try {
+    await fence.release(pool);
+  } catch (err) {
+    logger.warn(`${fence.key}: could not release the fence's claim; it ends with its lease: ${String(err)}`);
   }
 }

@@ -226,3 +226,138 @@ test("partitioned, teeth: without the idle timeout the frozen claimer keeps the 
   const { retry } = await frozenClaimer(null);
   assert.deepEqual(retry, IN_FLIGHT);
 });
+
+// ---------------------------------------------------------------- pipelining
+
+/** A TCP proxy to the test database's Postgres that delays what the server sends by `delayMs` and logs both directions in order. */
+async function delayingProxy(url, delayMs) {
+  const { createServer, connect } = await import("node:net");
+  const target = new URL(url);
+  const events = [];
+  const sockets = new Set();
+  const server = createServer((client) => {
+    const upstream = connect(Number(target.port || 5432), target.hostname);
+    for (const s of [client, upstream]) {
+      s.setNoDelay(true); // Nagle would hold a second small write back until the first is acknowledged
+      sockets.add(s);
+      s.on("error", () => undefined);
+      s.on("close", () => sockets.delete(s));
+    }
+    client.on("data", (chunk) => {
+      events.push({ from: "client", bytes: chunk, at: performance.now() });
+      upstream.write(chunk);
+    });
+    upstream.on("data", (chunk) => {
+      setTimeout(() => {
+        events.push({ from: "server", bytes: chunk, at: performance.now() });
+        if (!client.destroyed) client.write(chunk);
+      }, delayMs);
+    });
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const proxied = new URL(url);
+  proxied.hostname = "127.0.0.1";
+  proxied.port = String(server.address().port);
+  return {
+    url: proxied.toString(),
+    events,
+    /** How many server chunks reached the client between the client's chunks holding `first` and `second`. */
+    answersBetween(first, second) {
+      const at = (text) => events.findIndex((e) => e.from === "client" && e.bytes.includes(text));
+      const [i, j] = [at(first), at(second)];
+      assert.ok(i >= 0 && j >= i, `both sent, in order (${i}, ${j})`);
+      return events.slice(i, j).filter((e) => e.from === "server").length;
+    },
+    async close() {
+      for (const s of sockets) s.destroy();
+      await new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
+const GATE_TEXT = "pg_advisory_xact_lock(hashtextextended";
+const COMPLETE_TEXT = "status = 'completed'";
+
+/** Claims a new key directly, then completes it through the proxy on a client of a pool made with `pipeline`; the time complete took. */
+async function completeThrough(proxy, pipeline) {
+  const pool = dbs.unpartitioned.pool();
+  const k = key();
+  const holder = new idem.Fence(k, token(), fp("fp"), 60_000);
+  assert.deepEqual(await holder.claim(pool), PROCEED);
+  const proxied = new pg.Pool({ connectionString: proxy.url, max: 1, pipeline });
+  proxied.on("error", () => undefined);
+  try {
+    const conn = await proxied.connect();
+    try {
+      assert.equal(conn.pipeline, pipeline);
+      await conn.query("BEGIN");
+      const started = performance.now();
+      assert.deepEqual(await holder.complete(conn, CREATED), COMMITTED);
+      const took = performance.now() - started;
+      await conn.query("COMMIT");
+      return took;
+    } finally {
+      conn.release();
+    }
+  } finally {
+    await proxied.end();
+  }
+}
+
+test("the write gate and COMPLETE go out in one round trip on a pipelined client, one after the other otherwise", async (t) => {
+  const delayMs = 30;
+  const proxy = await delayingProxy(dbs.unpartitioned.url, delayMs);
+  try {
+    const times = { pipelined: [], sequential: [] };
+    for (let i = 0; i < 5; i++) {
+      proxy.events.length = 0;
+      times.pipelined.push(await completeThrough(proxy, true));
+      assert.equal(proxy.answersBetween(GATE_TEXT, COMPLETE_TEXT), 0, "COMPLETE sent before any answer to the gate");
+      proxy.events.length = 0;
+      times.sequential.push(await completeThrough(proxy, false));
+      assert.ok(proxy.answersBetween(GATE_TEXT, COMPLETE_TEXT) >= 1, "COMPLETE sent after the gate's answer");
+    }
+    const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+    // Each round trip waits out the proxy's delay at least once.
+    assert.ok(Math.min(...times.sequential) >= 2 * delayMs, JSON.stringify(times));
+    t.diagnostic(`complete with ${delayMs} ms added per server answer, median of 5: pipelined ${median(times.pipelined).toFixed(1)} ms, one at a time ${median(times.sequential).toFixed(1)} ms`);
+  } finally {
+    await proxy.close();
+  }
+});
+
+test("pipelined: a gate that cannot be taken in time fails the write with the gate's error and writes nothing", async () => {
+  const pool = dbs.unpartitioned.pool();
+  const k = key();
+  const holder = new idem.Fence(k, token(), fp("fp"), 60_000, { idleTimeoutMs: 200 });
+  assert.deepEqual(await holder.claim(pool), PROCEED);
+  // Another transaction holds the key's gate.
+  const blocker = await pool.connect();
+  const pipelined = new pg.Pool({ connectionString: dbs.unpartitioned.url, max: 1, pipeline: true });
+  try {
+    await blocker.query("BEGIN");
+    await blocker.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, ${loadSpecLockSeed()}))`, [k]);
+    const conn = await pipelined.connect();
+    try {
+      await conn.query("BEGIN");
+      const err = await holder.complete(conn, CREATED).then(() => null, (e) => e);
+      assert.ok(err instanceof idem.PostgresError, String(err));
+      assert.equal(err.cause?.code, "55P03", `the gate's lock timeout, not the aborted COMPLETE: ${err.message}`);
+      await conn.query("ROLLBACK");
+    } finally {
+      conn.release();
+    }
+  } finally {
+    await blocker.query("ROLLBACK");
+    blocker.release();
+    await pipelined.end();
+  }
+  const { rows } = await pool.query("SELECT status FROM idempotency_keys WHERE key = $1", [k]);
+  assert.deepEqual(rows, [{ status: "in_progress" }], "nothing written");
+});
+
+function loadSpecLockSeed() {
+  return Number(idem.spec.fence().lock_seed);
+}

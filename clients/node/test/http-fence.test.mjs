@@ -3,6 +3,11 @@
 // committed releases Redis and the claim; after Redis forgets, the retry's
 // claim finds the committed row and the fence's replay refills Redis; a
 // holder that lost its key commits nothing and answers what the key holds.
+// claimUpFront: the fence's claim, made by the middleware before the handler
+// runs, answers replay, 422 and 409 with the handler not run; the committed
+// row holds Redis' token; an unused claim, and the claim of a handler that
+// fails, are released; a claim with no answer in time is 503 and released
+// once it commits.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import * as idem from "../dist/index.js";
@@ -35,6 +40,7 @@ async function payments(k) {
 /** POST /pay: claim, "charge", then the payment and the key's row in one transaction. ?fail=1 fails after the claim; ?ms= delays the key's first charge. */
 const payRoute = (calls) => ({
   "/pay": async (ctx) => {
+    calls.hit(`pay:${ctx.key}`);
     const fence = ctx.idem.fence;
     const claim = await fence.claim(pool);
     if (claim.kind !== "proceed") return { status: 299, headers: {}, body: `claim ${claim.kind}` };
@@ -52,7 +58,19 @@ const payRoute = (calls) => ({
     }
     return { status: answer.status, headers: { "content-type": "application/json" }, body: answer.body };
   },
+  /** Takes over the claim made up front (a source that is no pool or client: no statement may run), then throws. */
+  "/claim-boom": async (ctx) => {
+    calls.hit(`claim-boom:${ctx.key}`);
+    assert.deepEqual(await ctx.idem.fence.claim({}), { kind: "proceed" }, "the claim made up front, no statement");
+    throw new Error("the handler failed after its claim");
+  },
 });
+
+/** The key's row: [status, token] or null. */
+async function row(k) {
+  const { rows } = await pool.query({ text: "SELECT status, token FROM idempotency_keys WHERE key = $1", values: [rkey(k)], rowMode: "array" });
+  return rows[0] === undefined ? null : [rows[0][0], BigInt(rows[0][1])];
+}
 
 for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
   const withApp = async (options, f) => {
@@ -135,5 +153,127 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
       assert.equal(late.text, retry.text, "the lost holder answers the retry's payment");
       assert.equal(late.headers["idempotent-replayed"], "true");
       assert.equal(await payments(`/${k}`), 1, "one payment");
+    }));
+}
+
+test("claimUpFront needs readThrough", () => {
+  assert.throws(() => new idem.Idempotency({ client, claimUpFront: true }), /claimUpFront needs readThrough/);
+});
+
+for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
+  const withApp = async (options, f) => {
+    const app = await makeApp({ client, logger: quiet, readThrough: new idem.ReadThrough(pool), claimUpFront: true, ...options }, payRoute);
+    try {
+      await f(app);
+    } finally {
+      await app.close();
+    }
+  };
+  const post = (app, path, k, body = "x") => request(app.url, { path, headers: [["idempotency-key", k]], body });
+
+  test(`${framework}: claimUpFront answers what the fence finds before the handler runs`, () =>
+    withApp({}, async (app) => {
+      const k = newKey();
+      const first = await post(app, "/pay", k);
+      assert.equal(first.status, 201, first.text);
+      assert.equal(app.calls.of(`pay:/${k}`), 1);
+      const record = await client.get(rkey(k));
+      assert.deepEqual(await row(k), ["completed", record.token], "the handler committed the claim made up front with Redis' token");
+      assert.equal(record.mirror, "mirrored");
+      // Redis forgets: the claim finds the row, replays it and refills Redis; the handler does not run.
+      const raw = await server.raw();
+      await raw.del(rkey(k));
+      const again = await post(app, "/pay", k);
+      assert.equal(again.status, 201, again.text);
+      assert.equal(again.headers["idempotent-replayed"], "true");
+      assert.equal(again.text, first.text);
+      assert.equal(app.calls.of(`pay:/${k}`), 1, "the handler did not run for the replay");
+      const refilled = await client.get(rkey(k));
+      assert.equal(refilled.state, "completed");
+      assert.equal(refilled.mirror, "mirrored", "Redis refilled from the row");
+      // Another request under the key: 422 from the row, the Redis key released.
+      await raw.del(rkey(k));
+      const other = await post(app, "/pay", k, "y");
+      assert.equal(other.status, 422, other.text);
+      assert.equal(app.calls.of(`pay:/${k}`), 1, "the handler did not run for the mismatch");
+      assert.equal(await client.get(rkey(k)), null, "released");
+      // A live claim of this request (Redis forgot while its holder runs): 409, Retry-After 1, released.
+      const live = newKey();
+      const same = app.flow.fingerprinter.fingerprint("POST", "/pay", [], Buffer.from("x"));
+      const holder = new idem.Fence(rkey(live), 1n, same, 60_000, { leaseMs: 30_000 });
+      assert.deepEqual(await holder.claim(pool), { kind: "proceed" });
+      const busy = await post(app, "/pay", live);
+      assert.equal(busy.status, 409, busy.text);
+      assert.equal(busy.headers["retry-after"], String(Math.ceil(HTTP.defaults.fence_retry_after_ms / 1000)));
+      assert.equal(app.calls.of(`pay:/${live}`), 0, "the handler did not run for the live claim");
+      assert.equal(await client.get(rkey(live)), null, "released");
+      assert.deepEqual(await row(live), ["in_progress", 1n], "the live claim is left to its holder");
+      await holder.release(pool);
+      assert.equal(await payments(`/${k}`), 1);
+    }));
+
+  test(`${framework}: a claim made up front that the handler does not use is released; its response is stored as usual`, () =>
+    withApp({}, async (app) => {
+      const k = newKey();
+      const first = await post(app, "/echo", k);
+      assert.equal(first.status, 201);
+      assert.equal(await row(k), null, "the unused claim was given up");
+      const record = await client.get(rkey(k));
+      assert.equal(record.state, "completed");
+      assert.equal(record.mirror, "pending", "stored as the handler's response, for the writer to mirror");
+      const again = await post(app, "/echo", k);
+      assert.equal(again.headers["idempotent-replayed"], "true");
+      assert.equal(app.calls.of(`echo:/${k}`), 1);
+    }));
+
+  test(`${framework}: a handler that fails after the claim made up front, or before using it, leaves no claim behind`, () =>
+    withApp({}, async (app) => {
+      // Fails with a 5xx after taking the claim over: the claim and the key released; the retry runs at once.
+      const k = newKey();
+      assert.equal((await post(app, "/pay?fail=1", k)).status, 500);
+      assert.equal(await row(k), null, "the claim was released");
+      assert.equal(await client.get(rkey(k)), null);
+      assert.equal((await post(app, "/pay?fail=1", k)).status, 500, "the retry ran (not 409 until the lease lapses)");
+      assert.equal(app.calls.of(`charge:/${k}`), 2);
+      // Throws after taking the claim over.
+      const thrown = newKey();
+      assert.equal((await post(app, "/claim-boom", thrown)).status, 500);
+      assert.equal(await row(thrown), null, "the claim was released");
+      assert.equal(await client.get(rkey(thrown)), null);
+      assert.equal((await post(app, "/claim-boom", thrown)).status, 500);
+      assert.equal(app.calls.of(`claim-boom:/${thrown}`), 2);
+      // Throws before it used the fence.
+      const early = newKey();
+      assert.equal((await post(app, "/boom", early)).status, 500);
+      assert.equal(await row(early), null, "the claim was released");
+      assert.equal(await client.get(rkey(early)), null);
+    }));
+
+  test(`${framework}: a claim with no answer within read-through's timeout is 503, the key released, and the claim released once made`, () =>
+    withApp({ readThrough: new idem.ReadThrough(pool, { timeoutMs: 300 }) }, async (app) => {
+      const k = newKey();
+      // An expired row the claim takes over, locked by another transaction: the claim waits for it.
+      await pool.query(
+        `INSERT INTO idempotency_keys (key, fingerprint, status, token, created_at, expires_at, lease_expires_at)
+         VALUES ($1, repeat('ab', 32), 'in_progress', 1, now() - interval '2 days', now() - interval '1 day', now() - interval '1 day')`,
+        [rkey(k)],
+      );
+      const locker = await pool.connect();
+      try {
+        await locker.query("BEGIN");
+        await locker.query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR UPDATE", [rkey(k)]);
+        const answer = await post(app, "/pay", k);
+        assert.equal(answer.status, 503, answer.text);
+        assert.equal(app.calls.of(`pay:/${k}`), 0);
+        assert.equal(await client.get(rkey(k)), null, "the Redis key released");
+        await locker.query("COMMIT");
+      } finally {
+        locker.release();
+      }
+      // The claim commits once the lock is gone, and is then released in the background.
+      await app.flow.drain();
+      assert.equal(await row(k), null, "the late claim was released");
+      const retry = await post(app, "/pay", k);
+      assert.equal(retry.status, 201, retry.text);
     }));
 }
