@@ -397,6 +397,41 @@ async fn the_writer_upsert_and_cleanup_agree_with_fence_rows(layout: TableLayout
 
 idem_testkit::both_layouts!(
     idem_client::TableLayout,
+    the_writer_completes_a_claim_left_behind_by_its_own_token
+);
+/// A claim the middleware made up front for a handler that did not use the
+/// fence, and whose release failed, stays `in_progress` with the token Redis
+/// then completed (not fenced, for the writer to mirror). The writer
+/// completes it: otherwise the row would answer nobody until it expired and,
+/// once Redis lost the key, a retry would take it over after its lease and
+/// run the handler again. Before the fix the upsert wrote nothing (it only
+/// replaced smaller tokens).
+async fn the_writer_completes_a_claim_left_behind_by_its_own_token(layout: TableLayout) {
+    let (_db, mut client) = database(layout).await;
+    let fence = new_fence(layout, "left", 20, b"fp", TTL);
+    assert_eq!(fence.claim(&mut client).await.unwrap(), Claim::Proceed);
+    let n = writer_upsert(&client, layout, &[mirror_record("left", 20, b"fp")]).await;
+    assert_eq!(n, 1, "the completion of the claim's own token is written");
+    assert_eq!(
+        row(&client, "left").await.unwrap(),
+        ("completed".into(), 20, Some(200))
+    );
+    // The retry Redis lets in after losing the key replays it.
+    let retry = new_fence(layout, "left", 30, b"fp", TTL);
+    let Claim::Replay(stored) = retry.claim(&mut client).await.unwrap() else {
+        panic!("the mirrored completion is replayed");
+    };
+    assert_eq!(stored.body, "from the writer");
+    // Another holder's live claim (a smaller token) still stays untouched.
+    let live = new_fence(layout, "live", 40, b"fp", TTL);
+    assert_eq!(live.claim(&mut client).await.unwrap(), Claim::Proceed);
+    let n = writer_upsert(&client, layout, &[mirror_record("live", 50, b"fp")]).await;
+    assert_eq!(n, 0);
+    assert_eq!(row(&client, "live").await.unwrap().0, "in_progress");
+}
+
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
     a_later_redis_record_never_replaces_the_answer_committed_with_the_effect
 );
 /// Redis lost the key after the fence committed; a retry got a new, larger

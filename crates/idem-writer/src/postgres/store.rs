@@ -31,7 +31,11 @@ WITH incoming AS (
 
 /// Inserts the batch, or updates a row only when the incoming token is larger
 /// (at-least-once delivery, key reuse after expiry) and the row is not an
-/// unexpired answer the fence committed with its effect (`fenced`). Headers
+/// unexpired answer the fence committed with its effect (`fenced`) nor a
+/// claim whose lease runs; or when the row is the `in_progress` claim of the
+/// very token completed (a claim the middleware made up front, which its
+/// handler did not use and whose release failed: the completion is its
+/// answer). Headers
 /// travel as two flat arrays (owning row number, item) and are regrouped per
 /// row, because a Postgres array cannot hold rows of different lengths. Rows are written in
 /// key order so that concurrent writers lock them in the same order.
@@ -58,9 +62,10 @@ ON CONFLICT (key) DO UPDATE SET
     completed_at     = EXCLUDED.completed_at,
     expires_at       = EXCLUDED.expires_at,
     fenced           = false
-WHERE t.token < EXCLUDED.token
-  AND NOT (t.fenced AND t.status = 'completed' AND t.expires_at > now())
-  AND NOT (t.status = 'in_progress' AND coalesce(t.lease_expires_at > now(), false))
+WHERE (t.token < EXCLUDED.token
+       AND NOT (t.fenced AND t.status = 'completed' AND t.expires_at > now())
+       AND NOT (t.status = 'in_progress' AND coalesce(t.lease_expires_at > now(), false)))
+   OR (t.token = EXCLUDED.token AND t.status = 'in_progress')
 "
 );
 
@@ -98,9 +103,12 @@ pub const PARTITIONED_UPSERT_SQL: &str = concat!(
         expires_at       = b.expires_at,
         fenced           = false
     FROM batch b
-    WHERE t.key = b.key AND t.token < b.token
-      AND NOT (t.fenced AND t.status = 'completed' AND t.expires_at > now())
-      AND NOT (t.status = 'in_progress' AND coalesce(t.lease_expires_at > now(), false))
+    WHERE t.key = b.key
+      AND ((t.token < b.token
+            AND NOT (t.fenced AND t.status = 'completed' AND t.expires_at > now())
+            AND NOT (t.status = 'in_progress'
+                     AND coalesce(t.lease_expires_at > now(), false)))
+           OR (t.token = b.token AND t.status = 'in_progress'))
     RETURNING 1
 ), added AS (
     INSERT INTO idempotency_keys
