@@ -99,6 +99,27 @@ impl Clients {
         .collect()
     }
 
+    /// As `spawn`, but key number `n` of `keys` starts `n * gap` later:
+    /// requests spread over a fault instead of all at its start.
+    pub fn spawn_staggered(
+        &self,
+        bases: &[String],
+        keys: std::ops::Range<usize>,
+        gap: Duration,
+        patience: Duration,
+    ) -> Vec<JoinHandle<()>> {
+        let first = keys.start;
+        keys.map(|i| {
+            let (clients, base) = (self.clone(), bases[i % bases.len()].clone());
+            let delay = gap * (i - first) as u32;
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                clients.pay(&base, i, patience).await
+            })
+        })
+        .collect()
+    }
+
     /// A well-behaved client: POSTs key `i`'s payment until a 2xx, retrying
     /// on 409, 5xx and transport errors (a 4xx but 409 ends it).
     async fn pay(&self, base: &str, i: usize, patience: Duration) {
