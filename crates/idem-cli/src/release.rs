@@ -32,19 +32,26 @@ fn redis_refusal(record: Option<&Record>, token: u64) -> Option<String> {
 
 fn postgres_refusal(row: Option<&Row>, token: u64) -> Option<String> {
     let row = row?;
-    if row.status != "in_progress" {
+    let token = i64::try_from(token).unwrap_or(i64::MAX);
+    if row.token > token {
         return Some(format!(
-            "the Postgres row is {} (token {}): not a claim in flight",
-            row.status, row.token
+            "Postgres holds the key under a newer token {} ({}), not {token}",
+            row.token, row.status
         ));
     }
-    if u64::try_from(row.token).ok() != Some(token) {
+    if row.token == token && row.status != "in_progress" {
         return Some(format!(
-            "the Postgres durable claim is held under token {}, not {token}",
-            row.token
+            "the Postgres row of token {token} is {}: the fence committed it, the key is not stuck",
+            row.status
         ));
     }
     None
+}
+
+/// Whether the row is the durable claim of `token` (an older row, from
+/// before the key's reuse, is not this holder's and stays).
+fn is_claim_of(row: Option<&Row>, token: u64) -> bool {
+    row.is_some_and(|r| r.status == "in_progress" && u64::try_from(r.token).ok() == Some(token))
 }
 
 pub async fn run(
@@ -82,11 +89,12 @@ pub async fn run(
             found,
         });
     }
-    if record.is_none() && row.is_none() {
+    let claim = is_claim_of(row.as_ref(), token);
+    if record.is_none() && !claim {
         return Err(Failure::NotFound(format!(
             "no record of {key:?} in Redis{}; nothing to release",
             if pg.is_some() {
-                " and no row in Postgres"
+                " and no durable claim of this token in Postgres"
             } else {
                 ""
             }
@@ -109,7 +117,7 @@ pub async fn run(
         released_redis = json!(true);
     }
     let mut released_postgres = Value::Null;
-    if let (Some(pg), Some(_)) = (&pg, &row) {
+    if let (Some(pg), true) = (&pg, claim) {
         let token =
             i64::try_from(token).map_err(|_| Failure::Usage("--token is too large".into()))?;
         let deleted = pg
@@ -138,6 +146,6 @@ fn side(released: &Value, what: &str) -> String {
     match released {
         Value::Bool(true) => what.to_string(),
         Value::Bool(false) => "row changed meanwhile, left as it is".to_string(),
-        _ => "nothing there".to_string(),
+        _ => "nothing to release".to_string(),
     }
 }

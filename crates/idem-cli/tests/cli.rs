@@ -457,6 +457,31 @@ async fn release_frees_only_a_key_in_flight_with_its_token() {
     assert_eq!(doc["released"]["postgres"], true);
     assert_eq!(row_token(&pg, "idem:{:lost}").await, None);
 
+    // Stuck in Redis after the key's reuse; Postgres still holds the older
+    // completion: Redis is released, the older row is not this holder's and
+    // stays.
+    let old = begin(&mut conn, "idem:{:reused}", fingerprint, 3600);
+    complete(&mut conn, "idem:{:reused}", old, b"{}");
+    mirror(&pg, &mut conn, "idem:{:reused}").await;
+    let _: () = redis::cmd("DEL")
+        .arg("idem:{:reused}")
+        .query(&mut conn)
+        .unwrap();
+    let stuck = begin(&mut conn, "idem:{:reused}", fingerprint, 3600);
+    let (code, doc) = release("idem:{:reused}", stuck);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["released"]["redis"], true);
+    assert_eq!(doc["released"]["postgres"], Value::Null);
+    assert_eq!(
+        row_token(&pg, "idem:{:reused}").await,
+        Some(("completed".into(), old as i64))
+    );
+    // ... but the older token's own completion is no stuck key.
+    let again = begin(&mut conn, "idem:{:reused}", fingerprint, 3600);
+    let (code, doc) = release("idem:{:reused}", old);
+    assert_eq!(code, 3, "{doc}");
+    assert!(get(&mut conn, "idem:{:reused}").is_some_and(|r| r.token == again));
+
     // Nothing anywhere.
     let (code, doc) = release("idem:{:lost}", lost);
     assert_eq!(
