@@ -492,3 +492,51 @@ async fn an_up_front_claim_the_handler_leaves_alone_is_released_and_the_response
     assert!(retry.replayed());
     assert_eq!(f.calls(), 1);
 }
+
+/// With `fail_open`, a claim made up front that Postgres refuses (here a
+/// read-only database: it answers, but takes no write) is a 503, and the
+/// handler does not run: fail-open is for Redis being unreachable, never
+/// for running a payment without its fence. Before the fix every Postgres
+/// error counted as unreachable and the handler ran twice, unprotected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_never_runs_a_handler_whose_up_front_claim_failed() {
+    let redis = RedisServer::start();
+    let db = PgDatabase::create();
+    let mut client = db.connect().await;
+    idem_writer::migrate(&mut client).await.unwrap();
+    client
+        .batch_execute("CREATE TABLE effects (n BIGINT NOT NULL)")
+        .await
+        .unwrap();
+    let database = client
+        .query_one("SELECT current_database()", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0);
+    client
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{database}\" SET default_transaction_read_only = on"
+        ))
+        .await
+        .unwrap();
+    let config: tokio_postgres::Config = db.url.parse().unwrap();
+    let pool = Pool::builder(Manager::new(config, NoTls))
+        .max_size(2)
+        .build()
+        .unwrap();
+    let app = App {
+        pool: pool.clone(),
+        calls: Arc::default(),
+        redis_url: redis.url(),
+    };
+    let layer = IdempotencyLayer::new(IdemClient::new(redis.async_conn().await))
+        .read_through(ReadThrough::new(pool))
+        .claim_up_front(true)
+        .fail_open(true);
+    let server = Server::start(routes(app.clone()).layer(layer)).await;
+    for _ in 0..2 {
+        let reply = common::post(&server.base, "/unfenced", Some("kro"), "{}").await;
+        assert_eq!(reply.status, 503);
+    }
+    assert_eq!(app.calls.load(Ordering::SeqCst), 0, "the handler never ran");
+}

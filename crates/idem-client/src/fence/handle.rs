@@ -141,6 +141,13 @@ impl std::fmt::Debug for Fence {
 
 /// A transaction the fence works in: tokio-postgres' and deadpool's (whose
 /// statement cache keeps the fence's statements prepared per connection).
+///
+/// The fence pipelines its write gate and the write it guards: it awaits
+/// `cached_statement` of both, then polls their queries in turn, relying on
+/// `cached_statement` answering at its first poll for a statement it has
+/// cached and on `transaction()`'s queries being sent at their first poll
+/// (as tokio-postgres does), so the gate always reaches the server first.
+/// An implementation of its own must keep both.
 pub trait FenceTransaction<'a>: Send + Sync {
     /// The tokio-postgres transaction the fence's statements run in.
     fn transaction(&self) -> &tokio_postgres::Transaction<'a>;
@@ -480,9 +487,12 @@ impl Fence {
         };
         let mut report = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match std::mem::take(&mut *report) {
-            FenceReport::ClaimedUpFront(release) => {
+            FenceReport::ClaimedUpFront(release, at) => {
                 *report = FenceReport::Claimed(release);
-                true
+                // Made recently, the claim still holds (its lease runs);
+                // an older one is claimed again (with the same token: it
+                // answers what became of the key meanwhile).
+                at.elapsed() < self.lease / 2
             }
             other => {
                 *report = other;

@@ -58,8 +58,9 @@ pub(crate) enum FenceReport {
     Unused,
     /// Claimed durably by the middleware before the handler ran
     /// (`claim_up_front`), and not used by the handler: the middleware
-    /// releases the claim, then its ordinary store policy applies.
-    ClaimedUpFront(Release),
+    /// releases the claim, then its ordinary store policy applies. With
+    /// when the claim was made.
+    ClaimedUpFront(Release, std::time::Instant),
     /// Claimed, but not committed through the fence (rolled back, failed, or
     /// committed by hand): nothing is known to be stored. A durable claim
     /// made through a pool comes with it, for the middleware to release.
@@ -85,7 +86,7 @@ impl FenceReport {
     /// Gives up the durable claim this report holds, if any (see
     /// [`Release::run`]): for a handler that failed or panicked.
     pub(crate) async fn release_claim(self, key: &str, token: u64) {
-        if let FenceReport::Claimed(release) | FenceReport::ClaimedUpFront(release) = self {
+        if let FenceReport::Claimed(release) | FenceReport::ClaimedUpFront(release, _) = self {
             release.run(key, token).await;
         }
     }
@@ -97,8 +98,23 @@ impl Release {
     pub(crate) async fn run(self, key: &str, token: u64) {
         #[cfg(feature = "postgres")]
         if let Some(pool) = self.pool {
-            if let Err(err) = handle::release_with(&pool, key, token).await {
-                tracing::warn!(key, error = %err, "could not release the fence's claim; it ends with its lease");
+            // Bounded as a read-through lookup is: the response waits on it.
+            let released = tokio::time::timeout(
+                crate::DEFAULT_LOOKUP_TIMEOUT,
+                handle::release_with(&pool, key, token),
+            )
+            .await;
+            match released {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => {
+                    tracing::warn!(key, error = %err, "could not release the fence's claim; it ends with its lease");
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        key,
+                        "the fence's claim was not released in time; it ends with its lease"
+                    );
+                }
             }
         }
         #[cfg(not(feature = "postgres"))]

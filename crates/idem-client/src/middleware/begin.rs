@@ -105,15 +105,25 @@ where
     let request_fence = config.request_fence(key, token, fingerprint);
     let pool = read_through.pool();
     let timeout = read_through.timeout();
-    let claim = match tokio::time::timeout(timeout, request_fence.fence.claim(pool)).await {
-        Ok(claim) => claim,
+    // The claim runs in a task of its own: when it outlasts `timeout`, or
+    // fails with its fate unknown, it is given up only once it has ended (a
+    // release sent meanwhile on another connection could run before the
+    // claim commits, and the key would answer 409 for the whole lease).
+    let mut claiming = {
+        let (fence, pool) = (request_fence.fence.clone(), pool.clone());
+        tokio::spawn(async move { fence.claim(&pool).await })
+    };
+    let claim = match tokio::time::timeout(timeout, &mut claiming).await {
+        Ok(Ok(Ok(claim))) => Ok(claim),
+        Ok(Ok(Err(err))) => {
+            release_in_background(pool, key, token, None);
+            Err(err)
+        }
+        Ok(Err(join)) => Err(IdemError::Postgres(format!(
+            "the fence's claim failed: {join}"
+        ))),
         Err(_) => {
-            let (pool, key) = (pool.clone(), key.to_owned());
-            tokio::spawn(async move {
-                if let Err(err) = crate::fence::release_with(&pool, &key, token).await {
-                    tracing::warn!(key, error = %err, "could not release the fence's claim; it ends with its lease");
-                }
-            });
+            release_in_background(pool, key, token, Some(claiming));
             Err(IdemError::Postgres(format!(
                 "the fence's claim had no answer within {} ms",
                 timeout.as_millis()
@@ -151,6 +161,26 @@ where
     };
     abort(config, key, token).await;
     outcome.map(|outcome| (outcome, None))
+}
+
+/// Gives up the claim of `key` with `token` in a task of its own, once the
+/// claim (when still running) has ended.
+#[cfg(feature = "postgres")]
+fn release_in_background(
+    pool: &deadpool_postgres::Pool,
+    key: &str,
+    token: u64,
+    claiming: Option<tokio::task::JoinHandle<Result<crate::fence::Claim, IdemError>>>,
+) {
+    let (pool, key) = (pool.clone(), key.to_owned());
+    tokio::spawn(async move {
+        if let Some(claiming) = claiming {
+            let _ = claiming.await;
+        }
+        if let Err(err) = crate::fence::release_with(&pool, &key, token).await {
+            tracing::warn!(key, error = %err, "could not release the fence's claim; it ends with its lease");
+        }
+    });
 }
 
 #[cfg(feature = "postgres")]

@@ -78,6 +78,23 @@ impl<C: Clone> Clone for Config<C> {
 }
 
 impl<C> Config<C> {
+    /// Whether the handler runs unprotected after the first BEGIN failed
+    /// with `err`: with `fail_open`, when the store was unreachable. Not when
+    /// the fence's claim made up front failed: that is the write keeping a
+    /// payment single when Redis forgets, and without it the handler would
+    /// run with no fence at all (a Postgres that answers but refuses the
+    /// write would otherwise count as unreachable too). That is a 503.
+    pub(crate) fn fails_open_on(&self, err: &crate::IdemError) -> bool {
+        #[cfg(feature = "postgres")]
+        if self.claim_up_front
+            && self.read_through.is_some()
+            && matches!(err, crate::IdemError::Postgres(_))
+        {
+            return false;
+        }
+        self.fail_open && err.is_unreachable()
+    }
+
     /// The metrics of a request with these `extensions` (nothing recorded
     /// without `metrics`).
     pub(crate) fn observer(&self, extensions: &Extensions) -> Observer {
@@ -141,8 +158,10 @@ impl RequestFence {
     /// ran, through `pool`.
     #[cfg(feature = "postgres")]
     pub(crate) fn claimed_up_front(&self, pool: deadpool_postgres::Pool) {
-        *self.report.lock().unwrap_or_else(|p| p.into_inner()) =
-            FenceReport::ClaimedUpFront(crate::fence::Release { pool: Some(pool) });
+        *self.report.lock().unwrap_or_else(|p| p.into_inner()) = FenceReport::ClaimedUpFront(
+            crate::fence::Release { pool: Some(pool) },
+            std::time::Instant::now(),
+        );
     }
 }
 

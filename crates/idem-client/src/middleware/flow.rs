@@ -118,7 +118,7 @@ where
             observer.outcome(Counted::Mismatch);
             Ok(Problem::Mismatch.into_response())
         }
-        Err(err) if err.is_unreachable() && config.fail_open => {
+        Err(err) if config.fails_open_on(&err) => {
             observer.outcome(Counted::FailOpen);
             tracing::warn!(error = %err, "idempotency store unavailable; running the request unprotected (fail-open)");
             let response = Box::pin(inner.oneshot(request)).await?;
@@ -272,7 +272,7 @@ where
             return Err(err);
         }
     };
-    if let FenceReport::ClaimedUpFront(release) = report {
+    if let FenceReport::ClaimedUpFront(release, _) = report {
         // The handler did not use the claim the layer made for it: give it
         // up, then store the handler's response as any other.
         release.run(key, held.token).await;
@@ -340,7 +340,7 @@ where
         // fate unknown): the effect did not happen or a retry's claim finds
         // it. A durable claim is given up first, so the retry Redis lets in
         // next proceeds at once.
-        FenceReport::Claimed(release) | FenceReport::ClaimedUpFront(release) => {
+        FenceReport::Claimed(release) | FenceReport::ClaimedUpFront(release, _) => {
             observer.fence(FenceAnswer::Released);
             release.run(held.key, held.token).await;
             held.release().await;
