@@ -294,3 +294,36 @@ pub fn explain(clients: &Clients, api_log: &str) {
         .unwrap_or(tail);
     eprintln!("payments-api log (end):\n{}", &api_log[tail..]);
 }
+
+/// Runs the operator's `idem remirror --since SINCE` (crates/idem-cli, built
+/// next to `payments-api`) from Redis at `redis_url` into `database_url`;
+/// its stdout, after asserting it succeeded.
+pub fn remirror(since: std::time::SystemTime, redis_url: &str, database_url: &str) -> String {
+    let api = std::path::Path::new(env!("CARGO_BIN_EXE_payments-api"));
+    let idem = api.with_file_name("idem");
+    assert!(
+        idem.exists(),
+        "{} is missing: cargo build --release -p idem-cli",
+        idem.display()
+    );
+    let since_ms = since
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis()
+        .to_string();
+    let out = std::process::Command::new(&idem)
+        .args(["remirror", "--since", &since_ms, "--redis", redis_url])
+        .args(["--database", database_url])
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run idem remirror");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "idem remirror failed ({}):\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
