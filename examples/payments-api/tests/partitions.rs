@@ -391,7 +391,7 @@ async fn split_brain(
     let mut nemesis = Nemesis::new(&net, 0);
     let clients = Clients::new(scenario, Duration::from_secs(3));
 
-    collect(clients.spawn(&[base.clone()], 0..2, Duration::from_secs(20))).await;
+    collect(clients.spawn(std::slice::from_ref(&base), 0..2, Duration::from_secs(20))).await;
     let mut rest: Vec<Side> = vec![(&r2).into()];
     rest.extend(sentinel_hosts.iter().map(Side::from));
     nemesis.apply(
