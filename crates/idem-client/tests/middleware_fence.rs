@@ -540,3 +540,80 @@ async fn fail_open_never_runs_a_handler_whose_up_front_claim_failed() {
     }
     assert_eq!(app.calls.load(Ordering::SeqCst), 0, "the handler never ran");
 }
+
+/// Claimed up front, a handler that reaches its claim late (here after the
+/// lease, while Redis forgot the key and a retry took it over and
+/// committed) claims again instead of proceeding on the layer's old
+/// decision: it finds the retry's answer and calls nothing outside
+/// Postgres. Before the fix its claim answered Proceed and it went on to
+/// call the processor (its commit then found the key lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_reaching_an_old_up_front_claim_claims_again() {
+    let redis = RedisServer::start();
+    let db = PgDatabase::create();
+    let mut client = db.connect().await;
+    idem_writer::migrate(&mut client).await.unwrap();
+    client
+        .batch_execute("CREATE TABLE effects (n BIGINT NOT NULL)")
+        .await
+        .unwrap();
+    let config: tokio_postgres::Config = db.url.parse().unwrap();
+    let pool = Pool::builder(Manager::new(config, NoTls))
+        .max_size(4)
+        .build()
+        .unwrap();
+    let entered = Arc::new(AtomicUsize::new(0));
+    let proceeded = Arc::new(AtomicUsize::new(0));
+    let app = App {
+        pool: pool.clone(),
+        calls: Arc::default(),
+        redis_url: redis.url(),
+    };
+    let routes = Router::new()
+        .route(
+            "/late",
+            post({
+                let (entered, proceeded) = (entered.clone(), proceeded.clone());
+                move |State(app): State<App>, Extension(fence): Extension<Fence>| async move {
+                    if entered.fetch_add(1, Ordering::SeqCst) == 0 {
+                        // The first run is slow to reach its claim.
+                        tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
+                    }
+                    if fence.claim(&app.pool).await.unwrap() != Claim::Proceed {
+                        return StatusCode::IM_A_TEAPOT.into_response();
+                    }
+                    proceeded.fetch_add(1, Ordering::SeqCst);
+                    fenced(&app, &fence, 201, false).await
+                }
+            }),
+        )
+        .with_state(app.clone());
+    let layer = IdempotencyLayer::new(IdemClient::new(redis.async_conn().await))
+        .read_through(ReadThrough::new(pool))
+        .claim_up_front(true)
+        .lease(std::time::Duration::from_secs(1));
+    let server = Server::start(routes.layer(layer)).await;
+    let base = server.base.clone();
+    let original =
+        tokio::spawn(async move { common::post(&base, "/late", Some("kl"), "{}").await });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut conn = redis.async_conn().await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    // After the original's lease in Postgres lapsed: the retry takes over.
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    let retry = common::post(&server.base, "/late", Some("kl"), "{}").await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    let original = original.await.unwrap();
+    assert_eq!(original.status, 201);
+    assert!(
+        original.replayed(),
+        "the original answers the retry's payment"
+    );
+    assert_eq!(original.body, retry.body);
+    assert_eq!(
+        proceeded.load(Ordering::SeqCst),
+        1,
+        "only the retry went on past its claim"
+    );
+}
