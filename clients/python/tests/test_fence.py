@@ -273,3 +273,86 @@ def test_a_frozen_partitioned_claimer_holds_the_gate_no_longer_than_its_idle_tim
         thread.join()
     assert retry == Proceed(), "the frozen claimer still held the gate"
     assert errors, "Postgres ended the frozen claimer's session"
+
+
+def _row_of(url: str, key: str) -> tuple[Any, ...] | None:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT * FROM idempotency_keys WHERE key = %s", (key,)).fetchone()
+
+
+def test_writes_outside_a_transaction_are_refused(
+    pool: ConnectionPool, fence_database_url: str
+) -> None:
+    # On an autocommit connection outside a transaction each statement commits
+    # on its own: the write gate's lock ends with its statement, and a Lost
+    # holder's rollback undoes nothing (its payment stays, the retry pays
+    # again). complete, commit, hold and claim_in refuse such a connection
+    # and write nothing.
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60, lease=30)
+    assert fence.claim(pool) == Proceed()
+    before = _row_of(fence_database_url, k)
+    with psycopg.connect(fence_database_url, autocommit=True) as conn:
+        for write in (
+            lambda: fence.complete(conn, CREATED),
+            lambda: fence.commit(conn, CREATED),
+            lambda: fence.hold(conn),
+        ):
+            with pytest.raises(idem.PostgresError, match="in a transaction"):
+                write()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        fresh = new_key()
+        with pytest.raises(idem.PostgresError, match="in a transaction"):
+            Fence(fresh, token(), b"fp", 60).claim_in(conn)
+        assert _row_of(fence_database_url, fresh) is None, "claim_in wrote nothing"
+        assert _row_of(fence_database_url, k) == before, "nothing written"
+        # In an explicit transaction the same connection works.
+        with conn.transaction():
+            pay(conn, k)
+            assert fence.complete(conn, CREATED) == Committed()
+    assert payments(fence_database_url, k) == 1
+    assert Fence(k, token(), b"fp", 60).claim(pool) == Replay(CREATED)
+
+
+async def test_async_writes_outside_a_transaction_are_refused(fence_database_url: str) -> None:
+    k = new_key()
+    fence = AsyncFence(k, token(), b"fp", 60, lease=30)
+    async with await psycopg.AsyncConnection.connect(fence_database_url, autocommit=True) as conn:
+        assert await fence.claim(conn) == Proceed()
+        before = _row_of(fence_database_url, k)
+        for write in (
+            lambda: fence.complete(conn, CREATED),
+            lambda: fence.commit(conn, CREATED),
+            lambda: fence.hold(conn),
+        ):
+            with pytest.raises(idem.PostgresError, match="in a transaction"):
+                await write()
+        fresh = new_key()
+        with pytest.raises(idem.PostgresError, match="in a transaction"):
+            await AsyncFence(fresh, token(), b"fp", 60).claim_in(conn)
+        assert _row_of(fence_database_url, fresh) is None, "claim_in wrote nothing"
+        assert _row_of(fence_database_url, k) == before, "nothing written"
+        async with conn.transaction():
+            await conn.execute("INSERT INTO payments (key, amount) VALUES (%s, 1)", (k,))
+            assert await fence.complete(conn, CREATED) == Committed()
+    assert payments(fence_database_url, k) == 1
+
+
+def test_commit_rolls_back_when_complete_fails(
+    pool: ConnectionPool, fence_database_url: str
+) -> None:
+    # Another transaction holds the key's write gate: complete's gate gives
+    # up after the idle timeout (the lease), and commit rolls the payment back
+    # at once instead of leaving the failed transaction open on the connection.
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60, lease=0.3)
+    assert fence.claim(pool) == Proceed()
+    with pool.connection() as gate, psycopg.connect(fence_database_url) as conn:
+        holder = Fence(k, fence.token, b"fp", 60, lease=0.3, idle_timeout=None)
+        assert holder.hold(gate) == Held()
+        pay(conn, k)
+        with pytest.raises(idem.PostgresError, match="lock timeout"):
+            fence.commit(conn, CREATED)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        gate.rollback()
+    assert payments(fence_database_url, k) == 0

@@ -20,6 +20,7 @@ Claims answer ``Proceed()``, ``Replay(response)``, ``InFlight(...)`` or
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from dataclasses import dataclass
@@ -238,6 +239,24 @@ class _Base:
         if self._report is not None:
             self._report.set(kind, **kw)
 
+    @staticmethod
+    def _in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+        """Refuses a connection whose statements would not run in one
+        transaction (an autocommit connection outside ``conn.transaction()``,
+        or one failed or busy): there the write gate's lock ends with its
+        statement and a ``Lost`` holder's rollback undoes nothing. A
+        connection that is not autocommit, outside a transaction, is taken:
+        psycopg opens the transaction at the first statement."""
+        status = conn.info.transaction_status
+        if status == pq.TransactionStatus.INTRANS:
+            return
+        if status == pq.TransactionStatus.IDLE and not conn.autocommit:
+            return
+        raise PostgresError(
+            "the fence writes only in a transaction: use conn.transaction() on an "
+            f"autocommit connection (the connection is {status.name})"
+        )
+
     def _after_claim(self, claim: Claim, pool: Any = None) -> Claim:
         if isinstance(claim, Proceed):
             self._set("claimed", pool=pool)
@@ -325,6 +344,7 @@ class Fence(_Base):
         together; its rollback undoes the claim)."""
         if self._taken_up_front():
             return Proceed()
+        self._in_transaction(conn)
         try:
             claim = self._claim_on(conn, None, _ms(self.idle_timeout))
         except psycopg.Error as err:
@@ -343,7 +363,9 @@ class Fence(_Base):
 
     def complete(self, conn: psycopg.Connection[Any], response: StoredResponse) -> Committed | Lost:
         """Writes the response into the key's row in the caller's open
-        transaction, if this holder still holds it; on ``Lost`` roll back."""
+        transaction, if this holder still holds it; on ``Lost`` roll back.
+        ``conn`` must be in a transaction (see ``_in_transaction``)."""
+        self._in_transaction(conn)
         params = [self.key, self.token, response.status, response.body, _flat(response)]
         try:
             written = self._write(conn, "complete", params)
@@ -354,9 +376,16 @@ class Fence(_Base):
     def commit(self, conn: psycopg.Connection[Any], response: StoredResponse) -> Committed | Lost:
         """``complete``, then commits the connection's transaction (write the
         effect in it first) and tells the middleware; on ``Lost`` rolls back.
-        ``conn`` must not be inside a ``with conn.transaction()`` block."""
+        ``conn`` must not be inside a ``with conn.transaction()`` block, so
+        not autocommit. When ``complete`` fails the transaction is rolled back."""
+        self._in_transaction(conn)
         try:
-            result = self.complete(conn, response)
+            try:
+                result = self.complete(conn, response)
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):
+                    conn.rollback()
+                raise
             if isinstance(result, Lost):
                 conn.rollback()
                 return result
@@ -368,7 +397,9 @@ class Fence(_Base):
 
     def hold(self, conn: psycopg.Connection[Any]) -> Held | Lost:
         """Confirms in the caller's transaction that the key is still this
-        holder's and renews its lease; it stays held until the transaction ends."""
+        holder's and renews its lease; it stays held until the transaction ends.
+        ``conn`` must be in a transaction (see ``_in_transaction``)."""
+        self._in_transaction(conn)
         try:
             held = self._write(conn, "renew", [self.key, self.token, self.lease])
         except psycopg.Error as err:
@@ -465,6 +496,7 @@ class AsyncFence(_Base):
         """See ``Fence.claim_in``."""
         if self._taken_up_front():
             return Proceed()
+        self._in_transaction(conn)
         try:
             claim = await self._claim_on(conn, None, _ms(self.idle_timeout))
         except psycopg.Error as err:
@@ -487,6 +519,7 @@ class AsyncFence(_Base):
         self, conn: psycopg.AsyncConnection[Any], response: StoredResponse
     ) -> Committed | Lost:
         """See ``Fence.complete``."""
+        self._in_transaction(conn)
         params = [self.key, self.token, response.status, response.body, _flat(response)]
         try:
             written = await self._write(conn, "complete", params)
@@ -498,8 +531,14 @@ class AsyncFence(_Base):
         self, conn: psycopg.AsyncConnection[Any], response: StoredResponse
     ) -> Committed | Lost:
         """See ``Fence.commit``."""
+        self._in_transaction(conn)
         try:
-            result = await self.complete(conn, response)
+            try:
+                result = await self.complete(conn, response)
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.rollback()
+                raise
             if isinstance(result, Lost):
                 await conn.rollback()
                 return result
@@ -511,6 +550,7 @@ class AsyncFence(_Base):
 
     async def hold(self, conn: psycopg.AsyncConnection[Any]) -> Held | Lost:
         """See ``Fence.hold``."""
+        self._in_transaction(conn)
         try:
             held = await self._write(conn, "renew", [self.key, self.token, self.lease])
         except psycopg.Error as err:
