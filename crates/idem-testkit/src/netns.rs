@@ -300,8 +300,9 @@ fn remove_netns(netns: &str) {
     let _ = ip(&format!("netns del {netns}"));
 }
 
-/// Removes the namespaces and subnet reservations of harness processes that
-/// are gone (killed before their `Net`s dropped).
+/// Removes the namespaces, subnet reservations, gateway routes and
+/// `partition` scratch directories of harness processes that are gone
+/// (killed before their `Net`s dropped).
 fn sweep_stale() {
     let gone = |pid: &str| pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists();
     for line in ip("netns list").unwrap_or_default().lines() {
@@ -321,6 +322,23 @@ fn sweep_stale() {
         let owner = std::fs::read_to_string(entry.path()).unwrap_or_default();
         if gone(owner.trim()) {
             let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    // The scratch directories of the servers `partition` starts in hosts.
+    for entry in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.rsplitn(3, '-');
+        let (_, pid, tag) = (parts.next(), parts.next(), parts.next());
+        let ours = matches!(
+            tag,
+            Some("idem-nsredis" | "idem-nssentinel" | "idem-pgstandby")
+        );
+        if ours && pid.is_some_and(gone) {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
     // `block_gateway`'s routes in our namespace into a subnet nobody holds.
@@ -455,8 +473,17 @@ mod tests {
         if !running_as_root() || ip(&format!("netns add {stale}")).is_err() {
             return;
         }
+        let tmp = std::env::temp_dir();
+        let stale_dir = tmp.join("idem-pgstandby-4194304-1");
+        let live_dir = tmp.join(format!("idem-nsredis-{}-2", std::process::id()));
+        for dir in [&stale_dir, &live_dir] {
+            std::fs::create_dir_all(dir.join("data")).expect("a scratch dir");
+        }
         let Some(_net) = Net::new() else { return };
         let left = ip("netns list").expect("ip netns list");
         assert!(!left.contains(&stale), "{stale} left: {left}");
+        assert!(!stale_dir.exists(), "{} left", stale_dir.display());
+        assert!(live_dir.exists(), "a live test's directory was swept");
+        std::fs::remove_dir_all(&live_dir).expect("remove");
     }
 }
