@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the book (docs/, mdBook) and checks it: fails on a missing
 # {{#include}} (file or anchor), on anything mdBook reports as a warning or
-# error, and on a broken link or #anchor between the book's pages (Debian's
-# linkchecker on the built HTML). Installs what it needs: mdBook, pinned,
-# with cargo into a cache outside the clone (IDEM_TOOLS, default
-# ~/.cache/idem/tools; about 3 minutes once per machine), and linkchecker
-# with apt. The book is left in target/book.
+# error, on a broken link or #anchor between the book's pages (Debian's
+# linkchecker on the built HTML), and on a README link to no file.
+# Installs what it needs: mdBook, pinned, with cargo into a cache outside
+# the clone (IDEM_TOOLS, default ~/.cache/idem/tools; about 3 minutes once
+# per machine), and linkchecker with apt. The book is left in target/book.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -51,6 +51,14 @@ while IFS= read -r hit; do
     fail=1
   fi
 done < <(grep -rHo '{{#include [^}]*}}' --include='*.md' docs)
+# The README is read on its own, outside the book: each of its relative
+# links names a file of the repository.
+while IFS= read -r target; do
+  target=${target%%#*}
+  [[ -z $target || $target == *://* || -e $target ]] && continue
+  echo "README.md: a link to $target, which does not exist" >&2
+  fail=1
+done < <(grep -o '\]([^)]*)' README.md | sed 's/^](//; s/)$//')
 ((fail == 0)) || exit 1
 
 # Built outside the clone so that linkchecker, which drops root for
