@@ -18,12 +18,16 @@ use tokio::task::JoinHandle;
 /// The database the example API and the writer use on each cluster.
 pub const DATABASE: &str = "payments";
 
-/// A new network, or `None` after saying why the scenario is skipped.
+/// A new network, or `None` after saying why the scenario is skipped (on
+/// the process's stderr itself: the test harness's capture would hide it).
 pub fn net(scenario: &str) -> Option<Net> {
     let net = Net::new();
     if net.is_none() {
-        eprintln!(
-            "SKIPPED {scenario}: network namespaces cannot be made here (needs root and iproute2)"
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED partition scenario {scenario}: network namespaces cannot be made here \
+             (needs root and iproute2)"
         );
     }
     net
