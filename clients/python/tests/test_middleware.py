@@ -15,6 +15,7 @@ import pytest
 import redis
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -486,3 +487,39 @@ async def test_a_full_redis_answers_a_new_key_503_and_keeps_a_finished_one(
     assert h.runs == 1
     await raw.aclose()
     await c.aclose()
+
+
+async def test_a_failing_background_task_after_a_complete_response_stores_it(
+    aclient: idem.asyncio.IdemClient,
+) -> None:
+    # Starlette runs a response's BackgroundTask after it sent the response:
+    # its failure reaches the middleware with the response complete. The
+    # response is stored and sent (the app's error re-raised); a retry
+    # replays it instead of charging again.
+    charges = 0
+
+    async def failing_follow_up() -> None:
+        raise RuntimeError("the background task failed")
+
+    async def charge(request: Request) -> Response:
+        nonlocal charges
+        charges += 1
+        return JSONResponse(
+            {"charge": charges}, status_code=201, background=BackgroundTask(failing_follow_up)
+        )
+
+    app = Starlette(
+        routes=[Route("/pay", charge, methods=["POST"])],
+        middleware=[Middleware(IdempotencyMiddleware, client=aclient)],
+    )
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        k = unique()
+        first = await post(c, k)
+        assert first.status_code == 201 and first.json() == {"charge": 1}
+        again = await post(c, k)
+        assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+        assert again.json() == {"charge": 1}
+    assert charges == 1, "the retry ran the handler again"
+    record = await aclient.get(f"idem:{{:{k}}}")
+    assert record is not None and record.state == "completed"

@@ -9,7 +9,9 @@ layer (docs/client.md, "Middleware"; the facts in spec/http.json):
   renewed (TOUCH every third of ``lease``) while it runs; its response is
   buffered (``max_response_body``) and, when ``store_policy`` says so (all
   but 5xx and 429), stored with COMPLETE before it is sent, else the key is
-  released (ABORT) so a retry runs again;
+  released (ABORT) so a retry runs again; it is sent when the application
+  returns, so a Starlette ``BackgroundTask`` delays it, and one that fails
+  after the whole response has it settled and sent before the error goes on;
 - ``in_flight``: 409 problem with ``Retry-After`` (or, with
   ``wait_for_result``, the original's answer once it completes);
 - ``replay``: the stored status, body and headers plus
@@ -345,19 +347,53 @@ class IdempotencyMiddleware:
 
         response = _Buffered(send, self.max_response_body, on_overflow=on_overflow)
         renewal = asyncio.ensure_future(held.keep_lease())
+        failure: Exception | None = None
         try:
             await self.app(inner_scope, _replayed(body, receive), response.send)
+        except Exception as err:
+            if not response.complete or response.overflowed:
+                renewal.cancel()
+                await self._settle_failed(held, fence, report, response)
+                raise
+            # The application failed after its whole response (a Starlette
+            # BackgroundTask, run after the response is sent): the response
+            # is settled and sent as if it had returned, then the error goes on.
+            log.warning("%s: the application failed after its complete response: %r", key, err)
+            failure = err
         except BaseException:
             renewal.cancel()
-            if report.kind != "unused":
-                await held.settle_fence(fence, report)
-            elif not response.overflowed:
-                await held.release()
+            await self._settle_failed(held, fence, report, response)
             raise
         finally:
             renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewal
+        await self._settle_response(send, key, held, fence, report, response, unused_up_front)
+        if failure is not None:
+            raise failure
+
+    @staticmethod
+    async def _settle_failed(
+        held: _Held, fence: AsyncFence, report: _Report, response: _Buffered
+    ) -> None:
+        """The application raised before its response was complete."""
+        if report.kind != "unused":
+            await held.settle_fence(fence, report)
+        elif not response.overflowed:
+            await held.release()
+
+    async def _settle_response(
+        self,
+        send: Send,
+        key: str,
+        held: _Held,
+        fence: AsyncFence,
+        report: _Report,
+        response: _Buffered,
+        unused_up_front: Callable[[], Awaitable[bool]],
+    ) -> None:
+        """Settles the key by the application's response and what it did
+        with the fence, and sends the client its answer."""
         if not await unused_up_front():
             answer = await held.settle_fence(fence, report)
             if response.overflowed:
