@@ -117,6 +117,30 @@ function claimError(err: unknown): PostgresError {
   return new PostgresError(describe(err), { cause: err });
 }
 
+const STATUS: Record<string, string> = { I: "idle, outside any transaction", T: "inside a transaction", E: "in a failed transaction" };
+
+/**
+ * Refuses, before any statement, a client whose transaction status (node-postgres' getTransactionStatus, from the
+ * server's last ReadyForQuery) is not `wanted`: "T" for the calls that write in the caller's transaction (outside
+ * one, the effect and the completion would each commit at once, the gate would be released after its statement,
+ * and a Lost holder's ROLLBACK would undo nothing), "I" for a durable claim on a client (its own BEGIN...COMMIT
+ * would commit the caller's open transaction).
+ */
+function requireStatus(conn: ClientBase, wanted: "I" | "T", call: string): void {
+  const get = (conn as { getTransactionStatus?: () => string | null }).getTransactionStatus;
+  if (typeof get !== "function") {
+    throw new PostgresError(`Fence.${call} needs a node-postgres client with getTransactionStatus() (pg 8.23 has it)`);
+  }
+  const status = get.call(conn);
+  if (status === wanted) return;
+  const found = `its transaction status ${String(status)} (${STATUS[String(status)] ?? "not connected"})`;
+  throw new PostgresError(
+    wanted === "T"
+      ? `Fence.${call} runs inside the caller's transaction: call it after BEGIN on the client that writes the effect, not on a client with ${found}`
+      : `Fence.${call} needs a pool or a client outside any transaction, not a client with ${found}: it commits a transaction of its own`,
+  );
+}
+
 /** The fence of one request. The middleware hands one to every request it runs. */
 export class Fence {
   readonly key: string;
@@ -230,6 +254,7 @@ export class Fence {
    * made up front has committed already, and the middleware releases it unless the completion commits.
    */
   async claimIn(conn: ClientBase): Promise<Claim> {
+    requireStatus(conn, "T", "claimIn");
     if (this.report?.takeUpFront() === true) return { kind: "proceed" };
     let claim: Claim;
     try {
@@ -270,6 +295,7 @@ export class Fence {
 
   /** Writes the response into the key's row in the caller's open transaction, if this holder still holds it; on Lost roll back. */
   async complete(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
+    requireStatus(conn, "T", "complete");
     const params = [this.key, this.token.toString(), response.status, response.body, flat(response)];
     let written: Held | Lost;
     try {
@@ -285,6 +311,7 @@ export class Fence {
    * tells the middleware; on Lost, ROLLBACK.
    */
   async commit(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
+    requireStatus(conn, "T", "commit"); // refused: the caller's transaction, if any, is left as it is
     let result: Committed | Lost;
     try {
       result = await this.complete(conn, response);
@@ -307,6 +334,7 @@ export class Fence {
 
   /** Confirms in the caller's transaction that the key is still this holder's and renews its lease; it stays held until the transaction ends. */
   async hold(conn: ClientBase): Promise<Held | Lost> {
+    requireStatus(conn, "T", "hold");
     let held: Held | Lost;
     try {
       held = await this.write(conn, "renew", [this.key, this.token.toString(), this.leaseMs / 1000]);

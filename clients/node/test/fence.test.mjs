@@ -361,3 +361,42 @@ test("pipelined: a gate that cannot be taken in time fails the write with the ga
 function loadSpecLockSeed() {
   return Number(idem.spec.fence().lock_seed);
 }
+
+// ------------------------------------------------- the caller's transaction
+
+/** The key's row as the test sees it: [status, token] or null. */
+async function keyRow(pool, k) {
+  const { rows } = await pool.query("SELECT status, token::text AS token FROM idempotency_keys WHERE key = $1", [k]);
+  return rows.length === 0 ? null : [rows[0].status, rows[0].token];
+}
+
+for (const layout of ["unpartitioned", "partitioned"]) {
+  const fence = (k, t, f, options = {}) => new idem.Fence(k, t, fp(f), 60_000, { layout, ...options });
+
+  test(`${layout}: complete, commit, hold and claimIn refuse a client outside a transaction and write nothing`, async () => {
+    const pool = dbs[layout].pool();
+    const k = key();
+    const t = token();
+    const holder = fence(k, t, "fp", { leaseMs: 30_000 });
+    assert.deepEqual(await holder.claim(pool), PROCEED);
+    const conn = await pool.connect();
+    try {
+      const notInTransaction = (err) => err instanceof idem.PostgresError && /inside the caller's transaction/.test(err.message) && /status I/.test(err.message);
+      await assert.rejects(holder.complete(conn, CREATED), notInTransaction);
+      await assert.rejects(holder.commit(conn, CREATED), notInTransaction);
+      await assert.rejects(holder.hold(conn), notInTransaction);
+      const other = key();
+      await assert.rejects(fence(other, token(), "fp").claimIn(conn), notInTransaction);
+      assert.equal(conn.getTransactionStatus(), "I", "no transaction left open");
+      assert.equal(await keyRow(pool, other), null, "claimIn claimed nothing");
+      // An aborted transaction is refused too (its statements would fail anyway).
+      await conn.query("BEGIN");
+      await conn.query("SELECT 1/0").catch(() => undefined);
+      await assert.rejects(holder.complete(conn, CREATED), (err) => err instanceof idem.PostgresError && /status E/.test(err.message));
+      await conn.query("ROLLBACK");
+    } finally {
+      conn.release();
+    }
+    assert.deepEqual(await keyRow(pool, k), ["in_progress", t.toString()], "the claim neither completed nor renewed");
+  });
+}
