@@ -17,7 +17,8 @@ layer (docs/client.md, "Middleware"; the facts in spec/http.json):
 - ``replay``: the stored status, body and headers plus
   ``Idempotent-Replayed: true``; ``mismatch``: 422 problem;
 - Redis (or the mirror) unreachable: 503 problem with ``Retry-After: 1``
-  (fail closed), or the application runs unprotected with ``fail_open``;
+  (fail closed), or the application runs unprotected with ``fail_open``
+  (never when the ``claim_up_front`` claim failed: 503);
 - ``claim_up_front``: the fence's durable claim stands in for read-through's
   lookup, before the application runs (docs/fence.md).
 
@@ -198,6 +199,18 @@ class IdempotencyMiddleware:
         self._keep(flow)
         await asyncio.shield(flow)
 
+    def _fails_open_on(self, err: IdemError) -> bool:
+        """Whether the application runs unprotected after BEGIN failed with
+        ``err``: with ``fail_open``, when the store was unreachable. Not when
+        the fence's claim made up front failed (the Rust layer's
+        ``Config::fails_open_on``): that claim keeps a payment single when
+        Redis forgets, and a Postgres that answers but refuses it (no table,
+        no permission, read-only) would otherwise run every retry unfenced.
+        That is a 503."""
+        if self.claim_up_front and isinstance(err, PostgresError):
+            return False
+        return self.fail_open and err.is_unreachable
+
     def _keep(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -291,7 +304,7 @@ class IdempotencyMiddleware:
         try:
             outcome, claimed = await self._begin_request(key, fingerprint)
         except IdemError as err:
-            if err.is_unreachable and self.fail_open:
+            if self._fails_open_on(err):
                 log.warning("idempotency store unavailable; running unprotected: %s", err)
                 await self.app(scope, _replayed(body, receive), send)
             elif err.is_transient:
