@@ -65,7 +65,7 @@ CLIENTS=${CLIENTS:-50}
 PIPELINE=${PIPELINE:-16}
 ROUNDS=${ROUNDS:-5}
 REPLAY_KEYS=${REPLAY_KEYS:-100000}
-# The module's effect-format (README, Configs): 2, as on a deployment whose
+# The module's effect-format (docs/module/configuration.md): 2, as on a deployment whose
 # nodes all run this version; 1 is the default for rolling upgrades.
 EFFECT_FORMAT=${EFFECT_FORMAT:-2}
 MEM_RECORDS=${MEM_RECORDS:-100000}

@@ -1,5 +1,5 @@
 //! ACL (issue 8): key specs say what each command does to its key, PULL
-//! hands a caller only the records it may read, and the README's ready-made
+//! hands a caller only the records it may read, and docs/module/configuration.md's ready-made
 //! users (application, writer) can do their job and nothing else.
 
 mod common;
@@ -185,7 +185,7 @@ fn acl_categories_where_the_server_supports_them() {
     assert_err(&mut rd, &["IDEM.BEGIN", "k", "fp", "10"], "NOPERM");
 }
 
-/// The README's two users: the application (its tenant's keys, the data
+/// docs/module/configuration.md's two users: the application (its tenant's keys, the data
 /// commands) and the mirror writer (the mirror commands only).
 #[test]
 fn the_readme_users_do_their_job_and_nothing_else() {

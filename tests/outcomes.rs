@@ -361,7 +361,7 @@ fn packed_replays_carry_the_same_response_in_one_string() {
     let mut c = s.conn();
     let t = begin(&mut c, "empty", "fp", 60).token();
     complete(&mut c, "empty", t, 204, b"", &[]);
-    // body | status | header count | body length (README: IDEM.BEGIN).
+    // body | status | header count | body length (docs/module/commands.md: IDEM.BEGIN).
     assert_eq!(
         ok(&mut c, &["IDEM.BEGIN", "empty", "fp", "60", "PACKED"]),
         Value::Array(vec![

@@ -1,7 +1,7 @@
 //! Hostile storm: over 100,000 randomized malformed or hostile commands per
 //! run (see storm/gen.rs), pipelined on several connections, then clients
 //! killed while blocked in WAIT or PULL BLOCK. The server must stay up, every
-//! error must be one of the README's code words or a known Redis error,
+//! error must be one of the code words of docs/module/commands.md or a known Redis error,
 //! every successful IDEM.* reply must have its documented shape, and a set
 //! of sentinel records must read back unchanged.
 
@@ -29,7 +29,7 @@ const COMMANDS_PER_THREAD: usize = 100_000;
 /// Commands sent before reading their replies.
 const PIPELINE: usize = 400;
 
-/// The module's documented error code words (README error table).
+/// The module's documented error code words (docs/module/commands.md, error table).
 const MODULE_CODES: [&str; 6] = [
     "BADARG",
     "STALE",

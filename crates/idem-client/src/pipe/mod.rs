@@ -7,7 +7,7 @@
 //! requests of that moment), and a reader task answers callers in order.
 //! redis-rs' multiplexed connection writes after each command's wake-up and
 //! reads through a generic codec; the difference measured per round trip is
-//! in the README ("Middleware CPU per request").
+//! in docs/benchmarks/http.md ("Middleware CPU per request").
 //!
 //! A broken connection (or one with calls unanswered for `STALL`) fails
 //! every call waiting on it (an I/O error, which the client treats as

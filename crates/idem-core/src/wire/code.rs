@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// One code word per kind of failure (README: "Error codes").
+/// One code word per kind of failure (docs/module/commands.md, "Error codes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
     BadArg,
