@@ -16,7 +16,7 @@ ensure_database_url 54329
 
 echo "==> gates: format, import circles, clippy, docs"
 cargo fmt --all --check
-python3 scripts/lib/import_cycles.py src crates/idem-client/src crates/idem-writer/src
+python3 scripts/lib/import_cycles.py src crates/idem-core/src crates/idem-client/src crates/idem-writer/src crates/idem-cli/src
 cargo clippy --release --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps --workspace
 # idem-client's feature combinations (docs/client.md, "Features"): each
