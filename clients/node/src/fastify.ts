@@ -3,7 +3,12 @@
 // parsed (a preParsing hook reads the raw body, up to maxRequestBody, and
 // hands the parser the same bytes), so a parse error is the handler's answer
 // as in the Rust layer; the handler finds `request.idempotency` (key, token,
-// fence); the response is settled in an onSend hook before it goes out.
+// fence); the response is settled in an onSend hook before it goes out: a
+// stream payload is read into memory up to maxResponseBody and answered as
+// a Buffer (past that, sent as it comes, not stored). Register encoders such
+// as @fastify/compress after the plugin: Fastify runs onSend hooks in the
+// order they were added, and the stored body must be the one replays send
+// (replays go out without content-encoding).
 import { Readable } from "node:stream";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import { headerPairs, readBody, sendRaw } from "./http.js";
@@ -23,6 +28,10 @@ type WithRun = FastifyRequest & { [RUN]?: Run | undefined };
 
 /** `await app.register(idempotencyPlugin, { client })`; wrapped with Symbol.for("skip-override") so it covers the app's routes. */
 export function idempotencyPlugin(fastify: FastifyInstance, options: IdempotencyOptions | { flow: Idempotency }, done: (err?: Error) => void): void {
+  if (fastify.hasPlugin("@fastify/compress")) {
+    done(new Error("idem-client/fastify: register @fastify/compress after idempotencyPlugin (its onSend hook would run first: the stored body would be the compressed bytes, replayed without their content-encoding)"));
+    return;
+  }
   const flow = "flow" in options ? options.flow : new Idempotency(options);
   fastify.decorateRequest("idempotency", null);
   fastify.decorateRequest("rawBody", null);
@@ -59,8 +68,24 @@ export function idempotencyPlugin(fastify: FastifyInstance, options: Idempotency
     const run = (request as WithRun)[RUN];
     if (run === undefined) return payload;
     (request as WithRun)[RUN] = undefined;
-    const body = toBuffer(payload);
-    if (body === null || body.length > flow.maxResponseBody) {
+    let body = toBuffer(payload);
+    if (body === null) {
+      // A stream (the handler's, or an earlier onSend hook's): read it up to the limit.
+      let read: Collected;
+      try {
+        read = await collect(payload as Readable, flow.maxResponseBody);
+      } catch (err) {
+        await run.failed(); // the stream failed: no response to store
+        throw err;
+      }
+      if (read.kind === "over") {
+        await run.overflowed();
+        return read.rest;
+      }
+      body = read.body;
+      payload = body; // the stream is spent: the bytes go out
+    }
+    if (body.length > flow.maxResponseBody) {
       await run.overflowed();
       return payload;
     }
@@ -97,7 +122,58 @@ function toBuffer(payload: unknown): Buffer | null {
   if (typeof payload === "string") return Buffer.from(payload, "utf8");
   if (Buffer.isBuffer(payload)) return payload;
   if (payload instanceof Uint8Array) return Buffer.from(payload);
-  return null; // a stream: sent as it is, not stored
+  return null; // a stream
+}
+
+type Collected = { kind: "whole"; body: Buffer } | { kind: "over"; rest: Readable };
+
+/**
+ * Reads `stream` to its end if it holds at most `limit` bytes; past that, stops reading and answers a stream of
+ * what was read followed by the rest, unread yet (sent as it comes, as the Rust layer does).
+ */
+function collect(stream: Readable, limit: number): Promise<Collected> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const off = (): void => {
+      stream.off("data", onData);
+      stream.off("end", onEnd);
+      stream.off("error", onError);
+    };
+    const onData = (chunk: unknown): void => {
+      const b = typeof chunk === "string" ? Buffer.from(chunk, "utf8") : chunk instanceof Uint8Array ? Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength) : null;
+      if (b === null) {
+        off();
+        stream.destroy();
+        reject(new TypeError("idem-client/fastify: a response stream must yield strings or bytes"));
+        return;
+      }
+      chunks.push(b);
+      size += b.length;
+      if (size > limit) {
+        stream.pause();
+        off();
+        stream.on("error", () => undefined); // until the rest is read: the reader then sees any error itself
+        resolve({ kind: "over", rest: Readable.from(prefixThenRest(Buffer.concat(chunks, size), stream)) });
+      }
+    };
+    const onEnd = (): void => {
+      off();
+      resolve({ kind: "whole", body: Buffer.concat(chunks, size) });
+    };
+    const onError = (err: Error): void => {
+      off();
+      reject(err);
+    };
+    stream.on("data", onData);
+    stream.once("end", onEnd);
+    stream.once("error", onError);
+  });
+}
+
+async function* prefixThenRest(prefix: Buffer, rest: Readable): AsyncGenerator<Buffer> {
+  yield prefix;
+  for await (const chunk of rest) yield typeof chunk === "string" ? Buffer.from(chunk, "utf8") : (chunk as Buffer);
 }
 
 function replyHeaders(reply: FastifyReply): [string, string][] {

@@ -2,6 +2,7 @@
 // plugin), so every HTTP scenario runs against both adapters, plus a small
 // HTTP client that sends header lines exactly as given.
 import http from "node:http";
+import { Readable } from "node:stream";
 import express from "express";
 import Fastify from "fastify";
 import { idempotency } from "../dist/express.js";
@@ -51,8 +52,24 @@ function routes(calls, extra) {
       calls.hit(`big:${ctx.key}`);
       return { status: 200, headers: { "content-type": "text/plain" }, body: "x".repeat(Number(ctx.query.get("size"))) };
     },
+    "/stream": async (ctx) => {
+      const n = calls.hit(`stream:${ctx.key}`);
+      const body = `${n}:`.padEnd(Number(ctx.query.get("size")), "s");
+      return { status: 201, headers: { "content-type": "text/plain", location: `/streams/${n}` }, body, stream: true };
+    },
     ...extra(calls),
   };
+}
+
+/** `body` as a stream of 1000-byte chunks, each after a turn of the event loop. */
+export function streamOf(body) {
+  const bytes = Buffer.from(body);
+  return Readable.from((async function* () {
+    for (let i = 0; i < bytes.length; i += 1000) {
+      await new Promise((resolve) => setImmediate(resolve));
+      yield bytes.subarray(i, i + 1000);
+    }
+  })());
 }
 
 function ctxOf(path, target, headers, rawBody, idem) {
@@ -70,7 +87,9 @@ export async function expressApp(options, extra = () => ({})) {
   for (const [path, handler] of Object.entries(routes(calls, extra))) {
     app.post(path, async (req, res) => {
       const out = await handler(ctxOf(path, req.originalUrl, req.headers, req.rawBody, req.idempotency));
-      res.status(out.status).set(out.headers).send(Buffer.from(out.body));
+      res.status(out.status).set(out.headers);
+      if (out.stream) streamOf(out.body).pipe(res);
+      else res.send(Buffer.from(out.body));
     });
   }
   app.get("/echo", (_req, res) => {
@@ -99,20 +118,21 @@ async function listen(handler, calls, flow) {
   };
 }
 
-/** A Fastify app with the plugin, listening on a free port. */
-export async function fastifyApp(options, extra = () => ({})) {
+/** A Fastify app with the plugin, listening on a free port; `beforePlugin(app)` runs before the plugin is registered. */
+export async function fastifyApp(options, extra = () => ({}), beforePlugin = () => undefined) {
   const calls = new Calls();
   const app = Fastify();
   app.removeAllContentTypeParsers();
   app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, body, done) => done(null, body));
   const { Idempotency } = await import("../dist/index.js");
   const flow = new Idempotency(options);
+  beforePlugin(app);
   await app.register(idempotencyPlugin, { flow });
   for (const [path, handler] of Object.entries(routes(calls, extra))) {
     app.post(path, async (request, reply) => {
       const out = await handler(ctxOf(path, request.raw.url, request.headers, request.rawBody ?? request.body, request.idempotency));
       reply.code(out.status).headers(out.headers);
-      return Buffer.from(out.body);
+      return out.stream ? streamOf(out.body) : Buffer.from(out.body);
     });
   }
   app.get("/echo", async () => {

@@ -140,6 +140,28 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
       assert.equal((await request(app.url, { path: "/big?size=1500", headers: [["idempotency-key", small]] })).headers["idempotent-replayed"], "true");
     }));
 
+  test(`${framework}: a streamed response is stored and replayed; past maxResponseBody it is sent whole, not stored`, () =>
+    withApp({ maxResponseBody: 4000 }, async (app) => {
+      const k = newKey();
+      const send = (size) => request(app.url, { path: `/stream?size=${size}`, headers: [["idempotency-key", k]] });
+      const first = await send(3500);
+      assert.equal(first.status, 201);
+      assert.equal(first.body.length, 3500);
+      const again = await send(3500);
+      assert.equal(again.headers["idempotent-replayed"], "true", "the streamed response was stored");
+      assert.equal(again.text, first.text);
+      assert.equal(again.headers.location, first.headers.location);
+      assert.equal(app.calls.of(`stream:/${k}`), 1);
+      const big = newKey();
+      for (let i = 1; i <= 2; i++) {
+        const res = await request(app.url, { path: "/stream?size=9500", headers: [["idempotency-key", big]] });
+        assert.equal(res.status, 201);
+        assert.equal(res.text, `${i}:`.padEnd(9500, "s"), "the buffered part, then the rest, in order");
+        assert.equal(res.headers["idempotent-replayed"], undefined);
+      }
+      assert.equal(app.calls.of(`stream:/${big}`), 2, "too large to store: the key was released");
+    }));
+
   test(`${framework}: tenants scope keys`, () =>
     withApp({}, async (app) => {
       const k = newKey();
@@ -341,3 +363,41 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
     }
   });
 }
+
+test("fastify: a payload an earlier onSend hook turned into a stream is stored and replayed", async () => {
+  const { fastifyApp, streamOf } = await import("./apps.mjs");
+  // What an encoder registered before the plugin does to the payload (here without encoding it).
+  const app = await fastifyApp({ client, logger: quiet }, () => ({}), (fastify) => {
+    fastify.addHook("onSend", async (_request, _reply, payload) => (Buffer.isBuffer(payload) ? streamOf(payload) : payload));
+  });
+  try {
+    const k = newKey();
+    const send = () => request(app.url, { path: "/echo", headers: [["idempotency-key", k], JSON_CT], body: '{"a":1}' });
+    const first = await send();
+    assert.equal(first.status, 201);
+    const again = await send();
+    assert.equal(again.headers["idempotent-replayed"], "true");
+    assert.equal(again.text, first.text);
+    assert.equal(app.calls.of(`echo:/${k}`), 1, "the retry was not run again");
+  } finally {
+    await app.close();
+  }
+});
+
+test("fastify: the plugin refuses to be registered after @fastify/compress", async () => {
+  const { default: Fastify } = await import("fastify");
+  const { idempotencyPlugin } = await import("../dist/fastify.js");
+  const app = Fastify();
+  // @fastify/compress as Fastify knows it: a plugin named so, sharing its parent's context.
+  const compress = (_fastify, _options, done) => done();
+  compress[Symbol.for("skip-override")] = true;
+  compress[Symbol.for("plugin-meta")] = { name: "@fastify/compress" };
+  try {
+    await app.register(compress);
+    await assert.rejects(async () => {
+      await app.register(idempotencyPlugin, { client, logger: quiet });
+    }, /register @fastify\/compress after idempotencyPlugin/);
+  } finally {
+    await app.close().catch(() => undefined);
+  }
+});
