@@ -4,6 +4,7 @@ dropped at the end whatever happens."""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import random
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -248,3 +250,76 @@ def fence_database_url() -> Iterator[str]:
 def partitioned_database_url() -> Iterator[str]:
     """The same on the partitioned layout (one catch-all partition)."""
     yield from _database("partitioned")
+
+
+class Blackhole:
+    """A TCP proxy to Postgres that can stop forwarding without closing
+    anything (a partition that drops packets): bytes already sent wait, new
+    connections are accepted and hear nothing. ``thaw`` forwards again."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = free_port()
+        self.open = asyncio.Event()
+        self.open.set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    def url(self, database_url: str) -> str:
+        parts = urllib.parse.urlsplit(database_url)
+        netloc = (
+            f"{parts.username}@127.0.0.1:{self.port}"
+            if parts.username
+            else (f"127.0.0.1:{self.port}")
+        )
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+    def freeze(self) -> None:
+        self.open.clear()
+
+    def thaw(self) -> None:
+        self.open.set()
+
+    async def __aenter__(self) -> Blackhole:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Closes every connection (psycopg's pending calls then fail)."""
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        await self.open.wait()
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self._writers.append(up_writer)
+        for a, b in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.ensure_future(self._pump(a, b))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                await self.open.wait()
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def blackhole() -> AsyncIterator[Blackhole]:
+    """A ``Blackhole`` in front of the test Postgres."""
+    parts = urllib.parse.urlsplit(ADMIN_URL)
+    async with Blackhole(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        yield proxy

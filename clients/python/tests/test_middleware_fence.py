@@ -6,10 +6,13 @@ holder that lost its key answers what the key holds."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import redis
 from psycopg_pool import AsyncConnectionPool
@@ -21,11 +24,12 @@ from starlette.routing import Route
 
 import idem
 import idem.asyncio
+from idem import read_through
 from idem.fence import AsyncFence, Committed, Held, Lost, Proceed
 from idem.middleware import IdempotencyMiddleware
 from idem.types import StoredResponse
 
-from conftest import RedisServer
+from conftest import ADMIN_URL, Blackhole, RedisServer
 
 
 class Payments:
@@ -350,3 +354,107 @@ async def test_a_handler_failing_after_the_up_front_claim_leaves_no_claim_behind
 def test_claim_up_front_needs_read_through(aclient: idem.asyncio.IdemClient) -> None:
     with pytest.raises(ValueError, match="read_through"):
         IdempotencyMiddleware(Starlette(), client=aclient, claim_up_front=True)
+
+
+@pytest.fixture
+def database_without_the_table() -> Iterator[str]:
+    """A database of its own with no ``idempotency_keys``, dropped at the end."""
+    name = f"idem_py_{unique()[:12]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield ADMIN_URL.rpartition("/")[0] + "/" + name
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def test_fail_open_never_runs_a_handler_whose_up_front_claim_failed(
+    aclient: idem.asyncio.IdemClient, database_without_the_table: str
+) -> None:
+    # Postgres answers but the claim fails (here: no idempotency_keys). With
+    # fail_open the handler would run with no fence at all, once per retry:
+    # the up-front claim's failure is a 503 whatever fail_open says (as the
+    # Rust layer's Config::fails_open_on).
+    runs = 0
+
+    async def charge(request: Request) -> Response:
+        nonlocal runs
+        runs += 1
+        return Response(b"charged", status_code=201)
+
+    url = database_without_the_table
+    async with AsyncConnectionPool(url, min_size=1, max_size=2, open=False) as pool:
+        app = Starlette(
+            routes=[Route("/pay", charge, methods=["POST"])],
+            middleware=[
+                Middleware(
+                    IdempotencyMiddleware,
+                    client=aclient,
+                    read_through=idem.AsyncReadThrough(pool),
+                    claim_up_front=True,
+                    fail_open=True,
+                )
+            ],
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            k = unique()
+            for _ in range(3):
+                reply = await c.post("/pay", content="x", headers={"idempotency-key": k})
+                assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+    assert runs == 0, "the handler ran unprotected"
+    assert await aclient.get(f"idem:{{:{k}}}") is None, "the key was released"
+
+
+async def test_a_blackholed_up_front_claim_is_503_at_once_and_released_after(
+    aclient: idem.asyncio.IdemClient, fence_database_url: str, blackhole: Blackhole
+) -> None:
+    # Postgres stops answering while the up-front claim runs: 503 after the
+    # read-through timeout (not after psycopg's cancel, which waits on the
+    # same dead path: 10.5 s for 0.5 s), the handler never runs, and the claim
+    # that lands once Postgres answers again is released.
+    runs = 0
+
+    async def charge(request: Request) -> Response:
+        nonlocal runs
+        runs += 1
+        return Response(b"charged", status_code=201)
+
+    url = blackhole.url(fence_database_url)
+    async with AsyncConnectionPool(url, min_size=2, max_size=2, open=False) as pool:
+        await pool.wait()
+        app = Starlette(
+            routes=[Route("/pay", charge, methods=["POST"])],
+            middleware=[
+                Middleware(
+                    IdempotencyMiddleware,
+                    client=aclient,
+                    read_through=idem.AsyncReadThrough(pool, timeout=0.5),
+                    claim_up_front=True,
+                )
+            ],
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            k = unique()
+            blackhole.freeze()
+            started = time.monotonic()
+            reply = await c.post("/pay", content="x", headers={"idempotency-key": k})
+            took = time.monotonic() - started
+            assert reply.status_code == 503 and took < 1.5, f"{reply.status_code} in {took:.1f} s"
+            assert runs == 0
+            assert await aclient.get(f"idem:{{:{k}}}") is None, "the Redis key was released"
+            blackhole.thaw()
+            for _ in range(500):  # the late claim lands (up to 10 s)
+                if not read_through._BACKGROUND:
+                    break
+                await asyncio.sleep(0.02)
+            assert not read_through._BACKGROUND, "the late claim ended"
+            for _ in range(500):  # then it is released
+                if await row(pool, f"idem:{{:{k}}}") is None:
+                    break
+                await asyncio.sleep(0.02)
+            assert await row(pool, f"idem:{{:{k}}}") is None, "the late claim was released"
+            retry = await c.post("/pay", content="x", headers={"idempotency-key": k})
+            assert retry.status_code == 201 and runs == 1

@@ -3,6 +3,7 @@ database of its own with the writer's migrations."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta, timezone
 
@@ -15,7 +16,7 @@ import idem.asyncio
 from idem import errors
 from idem.types import InFlight, Mismatch, New, Replay, StoredResponse
 
-from conftest import free_port, key
+from conftest import Blackhole, free_port, key
 
 STORED = StoredResponse(201, b'{"id":"pay_1"}', (("content-type", b"application/json"),))
 
@@ -147,3 +148,27 @@ async def test_async_unreachable_mirror(aclient: idem.asyncio.IdemClient) -> Non
         with pytest.raises(errors.PostgresError):
             await rt.begin(aclient, k, b"fp", ttl=60)
         assert await aclient.get(k) is None
+
+
+async def test_a_blackholed_mirror_answers_within_the_timeout(
+    aclient: idem.asyncio.IdemClient, database_url: str, blackhole: Blackhole
+) -> None:
+    # Postgres stops answering mid-connection (no reset, no refusal): the
+    # lookup gives up after its timeout, not after psycopg's cancel of the
+    # query (which waits on the same dead path; it took 10.5 s for 0.5 s).
+    async with AsyncConnectionPool(
+        blackhole.url(database_url), min_size=1, max_size=1, open=False
+    ) as pool:
+        await pool.wait()
+        rt = idem.AsyncReadThrough(pool, timeout=0.5)
+        k = key()
+        assert isinstance(await rt.begin(aclient, k, b"fp", ttl=60), New)
+        await aclient.abort(k, (await aclient.get(k)).token)  # type: ignore[union-attr]
+        blackhole.freeze()
+        started = time.monotonic()
+        with pytest.raises(errors.PostgresError, match=r"within 0\.5 s"):
+            await rt.begin(aclient, k, b"fp", ttl=60)
+        took = time.monotonic() - started
+        assert took < 1.5, f"the lookup took {took:.1f} s"
+        assert await aclient.get(k) is None, "released"
+        blackhole.thaw()

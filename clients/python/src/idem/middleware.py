@@ -47,7 +47,7 @@ from idem.errors import CompletedError, IdemError, NotFoundError, PostgresError,
 from idem.fence import AsyncFence, Layout, Proceed, _Report
 from idem.fingerprint import Fingerprint, Fingerprinter
 from idem.keys import InvalidKeyError, parse_key, redis_key, tenant_of_lines
-from idem.read_through import AsyncReadThrough
+from idem.read_through import AsyncReadThrough, settled_within
 from idem.types import InFlight, Mismatch, New, Origin, Outcome, Replay, StoredResponse
 
 Scope = MutableMapping[str, Any]
@@ -270,16 +270,19 @@ class IdempotencyMiddleware:
         token = outcome.token
         fence = self._fence(key, token, fingerprint)
         pool = read_through.pool
-        try:
-            claim = await asyncio.wait_for(fence.claim(pool), read_through.timeout)
-        except asyncio.TimeoutError:
-            # The claim may have committed: give it up in the background.
-            self._keep(asyncio.ensure_future(_release_claim(fence, pool)))
+        # Bounded by the timeout whatever the network does (``wait_for``
+        # would wait for psycopg's cancel of the claim): a claim still
+        # running goes on in the background and is given up once it ends.
+        claiming = asyncio.ensure_future(fence.claim(pool))
+        if not await settled_within(claiming, read_through.timeout):
+            self._keep(asyncio.ensure_future(_release_claim(fence, pool, after=claiming)))
             await _Held(self, key, token, fingerprint).release()
-            raise PostgresError(
-                f"the fence's claim had no answer within {read_through.timeout} s"
-            ) from None
+            raise PostgresError(f"the fence's claim had no answer within {read_through.timeout} s")
+        try:
+            claim = claiming.result()
         except IdemError:
+            # It may have committed before the error reached us.
+            self._keep(asyncio.ensure_future(_release_claim(fence, pool)))
             await _Held(self, key, token, fingerprint).release()
             raise
         if isinstance(claim, Proceed):
@@ -688,11 +691,16 @@ class _Held:
         return None
 
 
-async def _release_claim(fence: AsyncFence, pool: Any) -> None:
-    """Gives up the fence's durable claim made through ``pool`` (if any);
-    a failure leaves it to end with its lease."""
+async def _release_claim(
+    fence: AsyncFence, pool: Any, after: asyncio.Task[Any] | None = None
+) -> None:
+    """Gives up the fence's durable claim made through ``pool`` (if any),
+    once the claim ``after`` (still running) has ended; a failure leaves it
+    to end with its lease."""
     if pool is None:
         return
+    if after is not None:
+        await asyncio.wait({after})
     try:
         await fence.release(pool)
     except IdemError as err:

@@ -71,7 +71,12 @@ def _millis(timeout: float) -> str:
 class ReadThrough:
     """Looks keys up in the writer's ``idempotency_keys`` through ``pool``.
     A lookup is bounded by ``timeout`` (checkout and statement), 2 s by
-    default."""
+    default. A blocking call cannot be abandoned: against a Postgres that
+    stops answering (a partition) it waits until TCP gives up, unless the
+    pool's connections are opened with ``connect_timeout`` and libpq's
+    ``tcp_user_timeout`` (and keepalives), e.g. ``...?connect_timeout=2&
+    tcp_user_timeout=2000&keepalives_idle=2&keepalives_interval=1&
+    keepalives_count=2``. ``AsyncReadThrough`` gives up after ``timeout``."""
 
     def __init__(
         self, pool: psycopg_pool.ConnectionPool[Any], *, timeout: float = DEFAULT_TIMEOUT
@@ -135,11 +140,17 @@ class AsyncReadThrough:
         self.timeout = timeout
 
     async def lookup(self, key: str) -> MirroredRecord | None:
-        """The completed, unexpired mirror row for ``key``, if any."""
+        """The completed, unexpired mirror row for ``key``, if any. Gives up
+        after ``timeout`` whatever the network does: the query is left to
+        end in the background (``asyncio.wait_for`` would wait for psycopg's
+        cancel, which a dead path holds ~10 s)."""
+        query = asyncio.ensure_future(self._query(key))
+        if not await settled_within(query, self.timeout):
+            raise PostgresError(f"no answer within {self.timeout} s")
         try:
-            row = await asyncio.wait_for(self._query(key), self.timeout)
-        except (psycopg.Error, psycopg_pool.PoolTimeout, OSError, asyncio.TimeoutError) as err:
-            raise PostgresError(str(err) or f"no answer within {self.timeout} s") from err
+            row = query.result()
+        except (psycopg.Error, psycopg_pool.PoolTimeout, OSError) as err:
+            raise PostgresError(str(err) or type(err).__name__) from err
         return None if row is None else decode_row(key, tuple(row))
 
     async def _query(self, key: str) -> Any:
@@ -179,6 +190,35 @@ class AsyncReadThrough:
             log.warning("read-through could not refill redis for %r: %s", key, err)
             await _arelease(client, key, token)
         return Replay(record.response)
+
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()
+
+
+async def settled_within(task: asyncio.Task[Any], timeout: float) -> bool:
+    """Waits up to ``timeout`` for ``task``; a task still running then (or
+    when the caller is cancelled) goes on in the background, kept until it
+    ends and its error retrieved. Whether it ended in time."""
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        in_background(task)
+        raise
+    if not done:
+        in_background(task)
+    return bool(done)
+
+
+def in_background(task: asyncio.Task[Any]) -> None:
+    """Keeps ``task`` referenced until it ends; its failure is logged."""
+    _BACKGROUND.add(task)
+    task.add_done_callback(_ended)
+
+
+def _ended(task: asyncio.Task[Any]) -> None:
+    _BACKGROUND.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.info("a Postgres call given up on ended with: %r", task.exception())
 
 
 def _release(client: IdemClient, key: str, token: int) -> None:
