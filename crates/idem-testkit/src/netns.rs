@@ -11,11 +11,12 @@
 //! behind is swept by the next `Net::new`.
 
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use crate::postgres_server::{running_as_root, Listen, PgServer};
 
@@ -76,6 +77,87 @@ impl Host {
         let mut command = Command::new("ip");
         command.args(["netns", "exec", &self.netns]).arg(program);
         command
+    }
+}
+
+impl Host {
+    /// Relays TCP connections made to the returned `Forward`'s address (on
+    /// the test's own loopback) to `target` as seen from inside this host,
+    /// e.g. a server that listens on the host's own 127.0.0.1. The
+    /// connections into the host are made there (a thread of ours joins
+    /// the namespace), so the host's partitions never touch the relay.
+    pub fn forward(&self, target: SocketAddr) -> Forward {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a forwarder");
+        let addr = listener.local_addr().expect("the forwarder's address");
+        let stop = Arc::new(AtomicBool::new(false));
+        let (accepted, connect) = mpsc::channel::<TcpStream>();
+        let netns = Path::new("/run/netns").join(&self.netns);
+        let inside = std::thread::spawn(move || -> Result<(), String> {
+            let file = std::fs::File::open(&netns)
+                .map_err(|e| format!("open {}: {e}", netns.display()))?;
+            // SAFETY: setns on a valid, open namespace file descriptor; it
+            // changes this thread's network namespace only.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(format!("setns: {}", std::io::Error::last_os_error()));
+            }
+            for client in connect {
+                if let Ok(server) = TcpStream::connect(target) {
+                    relay(client, server);
+                }
+            }
+            Ok(())
+        });
+        let stopping = stop.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if stopping.load(Ordering::Relaxed) || accepted.send(client).is_err() {
+                    break;
+                }
+            }
+        });
+        Forward {
+            addr,
+            stop,
+            inside: Some(inside),
+        }
+    }
+}
+
+/// A relay made by `Host::forward`; stops taking connections on drop.
+pub struct Forward {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    inside: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
+impl Forward {
+    /// Where to connect: 127.0.0.1 and a port of the test's namespace.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(self.addr); // wakes the accepting thread
+        if let Some(Ok(Err(e))) = self.inside.take().map(|t| t.join()) {
+            eprintln!("forwarder: {e}");
+        }
+    }
+}
+
+/// Copies both ways between `a` and `b` on threads of their own, passing
+/// each end's close on to the other.
+fn relay(a: TcpStream, b: TcpStream) {
+    for (from, to) in [(&a, &b), (&b, &a)] {
+        let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
+            return;
+        };
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from, &mut to);
+            let _ = to.shutdown(std::net::Shutdown::Write);
+        });
     }
 }
 
@@ -434,6 +516,42 @@ mod tests {
         assert!(!reachable(addr), "blocked from the gateway");
         net.unblock_gateway(db.ip());
         assert!(reachable(addr), "unblocked from the gateway");
+    }
+
+    #[test]
+    fn a_forward_reaches_a_hosts_own_loopback_whatever_the_hosts_link() {
+        let Some(mut net) = Net::new() else { return };
+        let host = net.host("a");
+        // An echo server on the host's own 127.0.0.1, out of reach otherwise.
+        let program = "import socket\ns = socket.create_server(('127.0.0.1', 7001))\n\
+                       while True:\n c = s.accept()[0]\n c.sendall(c.recv(100))\n c.close()";
+        let mut server = host
+            .command("python3")
+            .args(["-c", program])
+            .spawn()
+            .expect("python3");
+        let forward = host.forward("127.0.0.1:7001".parse().unwrap());
+        let echo = |text: &str| -> Option<String> {
+            let mut stream = TcpStream::connect(forward.addr()).ok()?;
+            stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            stream.write_all(text.as_bytes()).ok()?;
+            let mut answer = String::new();
+            std::io::Read::read_to_string(&mut stream, &mut answer).ok()?;
+            Some(answer)
+        };
+        let up = crate::eventually(Duration::from_secs(5), || {
+            echo("hello").as_deref() == Some("hello")
+        });
+        assert!(up, "no echo through the forwarder");
+        net.cut(&host);
+        assert_eq!(
+            echo("cut").as_deref(),
+            Some("cut"),
+            "the relay is not the host's link"
+        );
+        net.heal(&host);
+        let _ = server.kill();
+        let _ = server.wait();
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! partitions, kills and promotes, and clients whose every request goes into
 //! a checked history. Each scenario asserts what its settings promise and,
 //! with weaker settings, the loss it measures (the teeth). Skips, saying
-//! so, where namespaces cannot be made. The API runs in the test's own
-//! namespace (the nemesis's `Gateway`): payments-api binds 127.0.0.1 only.
+//! so, where namespaces cannot be made. Each API instance runs in a host of
+//! its own, listening on that host's 127.0.0.1; the clients reach it through
+//! a relay from the test's namespace (`Host::forward`) that no partition of
+//! the host touches.
 
 mod common;
 #[path = "partitions/lab.rs"]
@@ -13,7 +15,7 @@ mod lab;
 
 use std::time::{Duration, SystemTime};
 
-use common::processes::{start_api, start_writer_in, ApiOptions};
+use common::processes::{start_api_in, start_writer_in, ApiOptions};
 use idem_testkit::history::{check, Report};
 use idem_testkit::nemesis::{Fault, Nemesis, Side};
 use idem_testkit::partition::{serve_replication, NsRedis, NsSentinel, PgStandby, Replication};
@@ -56,6 +58,7 @@ async fn postgres_promotion(
     let mut net = lab::net(scenario)?;
     let (pg1, pg2) = (net.host("pg1"), net.host("pg2"));
     let (redis_host, writer_host) = (net.host("redis"), net.host("writer"));
+    let api_host = net.host("api");
     let mut primary = lab::postgres(&net, &pg1);
     serve_replication(&net, &primary, mode);
     let standby = PgStandby::start(&pg2, &pg1, &primary);
@@ -69,7 +72,7 @@ async fn postgres_promotion(
         lease: Duration::from_secs(3),
     };
     phase("servers up");
-    let (api, base) = start_api(&options).await;
+    let (api, _forward, base) = start_api_in(&api_host, &options).await;
     let writer = start_writer_in(Some(writer_host.netns()), &["--redis", &redis.url()], &url);
     let mut nemesis = Nemesis::new(&net, 0);
     let clients = Clients::new(scenario, Duration::from_secs(5));
@@ -191,6 +194,7 @@ async fn api_cut_from_postgres(scenario: &'static str, fence: bool) -> Option<Re
     let mut net = lab::net(scenario)?;
     let (pg_host, redis_host, writer_host) =
         (net.host("pg"), net.host("redis"), net.host("writer"));
+    let api_host = net.host("api");
     let postgres = lab::postgres(&net, &pg_host);
     let redis = NsRedis::primary(&redis_host, &[]);
     let url = read_write_url(&[&pg_host], postgres.port);
@@ -201,7 +205,7 @@ async fn api_cut_from_postgres(scenario: &'static str, fence: bool) -> Option<Re
         processor_delay: Duration::from_millis(1000),
         lease: Duration::from_secs(2),
     };
-    let (api, base) = start_api(&options).await;
+    let (api, _forward, base) = start_api_in(&api_host, &options).await;
     let writer = start_writer_in(Some(writer_host.netns()), &["--redis", &redis.url()], &url);
     let mut nemesis = Nemesis::new(&net, 0);
     let clients = Clients::new(scenario, Duration::from_secs(15));
@@ -210,7 +214,7 @@ async fn api_cut_from_postgres(scenario: &'static str, fence: bool) -> Option<Re
     let originals = clients.spawn(&bases, 0..10, Duration::from_secs(40));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cut = Fault::Partition {
-        a: vec![Side::Gateway],
+        a: vec![(&api_host).into()],
         b: vec![(&pg_host).into()],
     };
     nemesis.apply(&cut, &mut no_hook);
@@ -257,6 +261,7 @@ async fn the_writer_cut_off_from_one_node_mirrors_everything_once_healed() {
         net.host("r2"),
         net.host("writer"),
     );
+    let (api1_host, api2_host) = (net.host("api1"), net.host("api2"));
     let postgres = lab::postgres(&net, &pg_host);
     let (one, two) = (NsRedis::primary(&r1, &[]), NsRedis::primary(&r2, &[]));
     let url = read_write_url(&[&pg_host], postgres.port);
@@ -270,8 +275,8 @@ async fn the_writer_cut_off_from_one_node_mirrors_everything_once_healed() {
         lease: Duration::from_secs(5),
     };
     let (one_url, two_url) = (one.url(), two.url());
-    let (api1, base1) = start_api(&options(&one_url)).await;
-    let (api2, base2) = start_api(&options(&two_url)).await;
+    let (api1, _forward1, base1) = start_api_in(&api1_host, &options(&one_url)).await;
+    let (api2, _forward2, base2) = start_api_in(&api2_host, &options(&two_url)).await;
     let source = format!("{one_url},{two_url}");
     let writer = start_writer_in(Some(writer_host.netns()), &["--redis", &source], &url);
     let mut nemesis = Nemesis::new(&net, 0);
@@ -345,7 +350,7 @@ async fn split_brain(
     let mut net = lab::net(scenario)?;
     let (pg_host, r1, r2) = (net.host("pg"), net.host("r1"), net.host("r2"));
     let sentinel_hosts = [net.host("s1"), net.host("s2"), net.host("s3")];
-    let writer_host = net.host("writer");
+    let (writer_host, api_host) = (net.host("writer"), net.host("api"));
     let postgres = lab::postgres(&net, &pg_host);
     let args: &[&str] = if min_replicas {
         &[
@@ -376,7 +381,7 @@ async fn split_brain(
         processor_delay: Duration::from_millis(100),
         lease: Duration::from_secs(5),
     };
-    let (api, base) = start_api(&options(&primary_url)).await;
+    let (api, forward, base) = start_api_in(&api_host, &options(&primary_url)).await;
     let sentinel_urls: Vec<String> = sentinels.iter().map(NsSentinel::url).collect();
     let writer = start_writer_in(
         Some(writer_host.netns()),
@@ -459,9 +464,9 @@ async fn split_brain(
         .filter(|key| !completed_after.iter().any(|k| k.contains(key.as_str())))
         .count();
 
-    drop(api);
+    drop((api, forward));
     let replica_url = replica.url();
-    let (api, base) = start_api(&options(&replica_url)).await;
+    let (api, _forward, base) = start_api_in(&api_host, &options(&replica_url)).await;
     collect(clients.spawn(&[base], 0..12, Duration::from_secs(20))).await;
     let observed = settle(scenario, 0..12, &url, &[&replica], WRITER_TIME).await;
     let report = check(&clients.history.requests(), &observed);
@@ -557,6 +562,7 @@ fn a_random_nemesis_never_pays_twice_with_the_fence() {
     };
     let (pg_host, redis_host, writer_host) =
         (net.host("pg"), net.host("redis"), net.host("writer"));
+    let api_host = net.host("api");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -573,7 +579,7 @@ fn a_random_nemesis_never_pays_twice_with_the_fence() {
         processor_delay: Duration::from_millis(300),
         lease: Duration::from_secs(2),
     };
-    let (api, base) = runtime.block_on(start_api(&options));
+    let (api, _forward, base) = runtime.block_on(start_api_in(&api_host, &options));
     let writer_source = ["--redis", redis_url.as_str()];
     let mut writer = start_writer_in(Some(writer_host.netns()), &writer_source, &url);
     let mut nemesis = match Nemesis::from_env(&net) {
@@ -581,7 +587,7 @@ fn a_random_nemesis_never_pays_twice_with_the_fence() {
         Err(e) => panic!("{e}"),
     };
     let sides = [
-        Side::Gateway,
+        (&api_host).into(),
         (&pg_host).into(),
         (&redis_host).into(),
         (&writer_host).into(),

@@ -76,7 +76,40 @@ pub struct ApiOptions<'a> {
 /// `payments-api` on a free port; returns once it answers HTTP.
 pub async fn start_api(options: &ApiOptions<'_>) -> (Process, String) {
     let port = idem_testkit::free_port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_payments-api"));
+    let process = Process::spawn("payments-api", api_command(None, options, port));
+    let base = format!("http://127.0.0.1:{port}");
+    wait_for_api(&process, &base).await;
+    (process, base)
+}
+
+/// `payments-api` inside `host` (its own network namespace, where it
+/// listens on the host's 127.0.0.1), reached through a `Forward` from the
+/// test's namespace; returns once it answers HTTP through it.
+pub async fn start_api_in(
+    host: &idem_testkit::netns::Host,
+    options: &ApiOptions<'_>,
+) -> (Process, idem_testkit::netns::Forward, String) {
+    let port = 8080;
+    let process = Process::spawn(
+        "payments-api",
+        api_command(Some(host.netns()), options, port),
+    );
+    let forward = host.forward(([127, 0, 0, 1], port).into());
+    let base = format!("http://{}", forward.addr());
+    wait_for_api(&process, &base).await;
+    (process, forward, base)
+}
+
+fn api_command(netns: Option<&str>, options: &ApiOptions<'_>, port: u16) -> Command {
+    let api = env!("CARGO_BIN_EXE_payments-api");
+    let mut cmd = match netns {
+        Some(netns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", netns, api]);
+            cmd
+        }
+        None => Command::new(api),
+    };
     cmd.env("REDIS_URL", options.redis_url)
         .env("DATABASE_URL", options.database_url)
         .env("PORT", port.to_string())
@@ -89,14 +122,16 @@ pub async fn start_api(options: &ApiOptions<'_>) -> (Process, String) {
         .env("LEASE_MS", options.lease.as_millis().to_string())
         .env("PG_POOL_SIZE", "24")
         .env("RUST_LOG", "warn");
-    let process = Process::spawn("payments-api", cmd);
-    let base = format!("http://127.0.0.1:{port}");
+    cmd
+}
+
+async fn wait_for_api(process: &Process, base: &str) {
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(reply) = http.get(format!("{base}/payments/0")).send().await {
             assert_eq!(reply.status(), 404, "a fresh API knows no payment 0");
-            return (process, base);
+            return;
         }
         assert!(
             Instant::now() < deadline,
