@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 import idem
@@ -523,3 +523,60 @@ async def test_a_failing_background_task_after_a_complete_response_stores_it(
     assert charges == 1, "the retry ran the handler again"
     record = await aclient.get(f"idem:{{:{k}}}")
     assert record is not None and record.state == "completed"
+
+
+async def test_pass_through_response_extensions_are_not_offered_to_the_app(
+    aclient: idem.asyncio.IdemClient, tmp_path: Path
+) -> None:
+    # A server offering http.response.pathsend (or zerocopysend, trailers):
+    # Starlette's FileResponse would then send the path instead of a body,
+    # and that message would reach the server before the buffered start.
+    # The middleware hides those extensions, so the file is buffered, stored
+    # and replayed as any body.
+    receipt = tmp_path / "receipt.txt"
+    receipt.write_bytes(b"paid 10")
+    runs = 0
+
+    async def download(request: Request) -> Response:
+        nonlocal runs
+        runs += 1
+        return FileResponse(receipt, status_code=201)
+
+    inner = Starlette(
+        routes=[Route("/pay", download, methods=["POST"])],
+        middleware=[Middleware(IdempotencyMiddleware, client=aclient)],
+    )
+    offered = {"http.response.pathsend": {}, "http.response.trailers": {}, "other": {}}
+    seen: list[dict[str, Any]] = []
+
+    async def server(scope: Any, receive: Any, send: Any) -> None:
+        """A server with the extensions: pathsend after start only, as ASGI says."""
+        started = False
+
+        async def send_checked(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.pathsend":
+                assert started, "pathsend before http.response.start"
+                assert message["path"] == str(receipt)
+                message = {"type": "http.response.body", "body": b"paid 10"}
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await inner({**scope, "extensions": offered}, receive, send_checked)
+
+    def recording(scope: Any, receive: Any, send: Any) -> Any:
+        """What the application behind the middleware is offered."""
+        seen.append(dict(scope.get("extensions", {})))
+        return router(scope, receive, send)
+
+    router = inner.router
+    inner.router = recording  # type: ignore[assignment,method-assign]
+    transport = httpx.ASGITransport(app=server)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        k = unique()
+        first = await post(c, k)
+        assert first.status_code == 201 and first.content == b"paid 10"
+        again = await post(c, k)
+        assert again.content == b"paid 10" and again.headers["idempotent-replayed"] == "true"
+    assert runs == 1
+    assert seen and seen[0] == {"other": {}}, "only extensions that do not bypass the buffer"

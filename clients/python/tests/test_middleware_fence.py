@@ -41,6 +41,7 @@ class Payments:
         self.status = 201
         self.commit = True
         self.before_commit: Callable[[AsyncFence], Any] | None = None
+        self.lost_body = b"lost"
 
     async def endpoint(self, request: Request) -> Response:
         self.runs += 1
@@ -58,7 +59,7 @@ class Payments:
             await conn.execute("INSERT INTO payments (key, amount) VALUES (%s, 1)", (fence.key,))
             result = await fence.commit(conn, response)
         if isinstance(result, Lost):
-            return Response("lost", status_code=500)
+            return Response(self.lost_body, status_code=500)
         assert result == Committed()
         return Response(response.body, status_code=self.status, media_type="text/plain")
 
@@ -191,6 +192,44 @@ async def test_a_holder_that_lost_its_key_answers_what_the_key_holds(
     assert r.status_code == 201 and r.content == b"the retry's"
     assert r.headers["idempotent-replayed"] == "true"
     assert await payments(pool, redis_key) == 0, "the stale holder paid nothing"
+
+
+async def test_a_lost_holders_response_over_the_limit_is_replaced_by_the_fences_answer(
+    aclient: idem.asyncio.IdemClient, fence_database_url: str
+) -> None:
+    # The holder's commit found the key taken over and committed by a retry;
+    # its own (rolled-back) response is larger than max_response_body. The
+    # client gets what the key holds, not the streamed rolled-back response.
+    async with AsyncConnectionPool(fence_database_url, min_size=1, max_size=4, open=False) as pool:
+        handler = Payments(pool)
+        handler.lost_body = b"rolled back " * 200
+        app = Starlette(
+            routes=[Route("/pay", handler.endpoint, methods=["POST"])],
+            middleware=[Middleware(IdempotencyMiddleware, client=aclient, max_response_body=1024)],
+        )
+        k = unique()
+        redis_key = f"idem:{{:{k}}}"
+
+        async def taken_over(fence: AsyncFence) -> None:
+            async with pool.connection() as conn:
+                await conn.execute(
+                    "UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 second'"
+                    " WHERE key = %s",
+                    (redis_key,),
+                )
+            newer = AsyncFence(redis_key, fence.token + 1, b"", 60)
+            newer.fingerprint_hex = fence.fingerprint_hex
+            assert await newer.claim(pool) == Proceed()
+            async with pool.connection() as conn:
+                assert await newer.commit(conn, StoredResponse(201, b"the retry's")) == Committed()
+
+        handler.before_commit = taken_over
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            r = await c.post("/pay", content="x", headers={"idempotency-key": k})
+        assert r.status_code == 201 and r.content == b"the retry's"
+        assert r.headers["idempotent-replayed"] == "true"
+        assert await payments(pool, redis_key) == 0, "the stale holder paid nothing"
 
 
 async def test_a_committed_hold_keeps_the_claim_when_the_handler_fails_later(

@@ -64,6 +64,10 @@ _HEADERS = _HTTP["headers"]
 REPLAYED = _HEADERS["replayed"].encode()
 _TOKEN_NAME = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9a-z]+$")
 
+_BYPASSING_EXTENSIONS = frozenset(
+    {"http.response.pathsend", "http.response.zerocopysend", "http.response.trailers"}
+)
+
 SCOPE_KEY = "idem"
 """Where a running request finds its ``IdempotencyContext`` in the scope
 (Starlette: ``request.scope["idem"]``)."""
@@ -347,6 +351,14 @@ class IdempotencyMiddleware:
         assert report is not None
         inner_scope = dict(scope)
         inner_scope[SCOPE_KEY] = IdempotencyContext(key, token, fingerprint, self.ttl, fence)
+        if "extensions" in scope:
+            # Responses sent by these would pass the buffer (and go out
+            # before its start message): the application is not offered them.
+            inner_scope["extensions"] = {
+                name: value
+                for name, value in (scope["extensions"] or {}).items()
+                if name not in _BYPASSING_EXTENSIONS
+            }
 
         async def unused_up_front() -> bool:
             """A claim made up front the handler did not use: given up, and
@@ -357,9 +369,15 @@ class IdempotencyMiddleware:
             report.set("unused")
             return True
 
-        async def on_overflow() -> None:
+        async def on_overflow() -> bool:
+            """Whether the response past the limit streams out: not when the
+            fence has decided (Lost, Replay, InFlight, Mismatch), whose answer
+            replaces it (a decision after streaming began cannot)."""
+            if report.kind == "decided":
+                return False
             if await unused_up_front():
                 await held.release()
+            return True
 
         response = _Buffered(send, self.max_response_body, on_overflow=on_overflow)
         renewal = asyncio.ensure_future(held.keep_lease())
@@ -412,7 +430,7 @@ class IdempotencyMiddleware:
         with the fence, and sends the client its answer."""
         if not await unused_up_front():
             answer = await held.settle_fence(fence, report)
-            if response.overflowed:
+            if response.overflowed and not response.dropped:
                 return
             if answer is not None:
                 await answer(send)
@@ -444,7 +462,7 @@ class _Buffered:
     """The application's response, buffered up to a limit; past it, the
     buffered part goes out and the rest streams through."""
 
-    def __init__(self, send: Send, limit: int, on_overflow: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, send: Send, limit: int, on_overflow: Callable[[], Awaitable[bool]]) -> None:
         self._send = send
         self._limit = limit
         self._on_overflow = on_overflow
@@ -453,6 +471,8 @@ class _Buffered:
         self.size = 0
         self.complete = False
         self.overflowed = False
+        # Past the limit and not sent (``on_overflow`` said so); the rest too.
+        self.dropped = False
 
     @property
     def status(self) -> int | None:
@@ -475,7 +495,8 @@ class _Buffered:
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if self.overflowed:
-            await self._send(message)
+            if not self.dropped:
+                await self._send(message)
             return
         if kind == "http.response.start":
             self.start = message
@@ -489,7 +510,10 @@ class _Buffered:
         self.chunks.append(chunk)
         if self.size > self._limit:
             self.overflowed = True
-            await self._on_overflow()
+            if not await self._on_overflow():
+                self.dropped = True
+                self.chunks, self.size = [], 0
+                return
             assert self.start is not None
             await self._send(self.start)
             await self._send({"type": "http.response.body", "body": self.body, "more_body": more})
