@@ -210,12 +210,14 @@ export class Fence {
   /**
    * Claims the key durably: the in_progress row, with this token and a lease, commits on its own before this
    * resolves. Call anything outside Postgres now (with downstreamKey()), then commit the effect in a short
-   * transaction. `source` is a pool or a client outside any transaction. Behind the middleware's claimUpFront
+   * transaction. `source` is a pool or a client outside any transaction (a client inside one is refused: the
+   * claim's own transaction would commit the caller's, or the claim would commit only with it). Behind the middleware's claimUpFront
    * the first call resolves Proceed at once, with no statement (the middleware claimed).
    */
   async claim(source: Source): Promise<Claim> {
     if (this.report?.takeUpFront() === true) return { kind: "proceed" };
     const pool = isPool(source) ? source : null;
+    if (pool === null) requireStatus(source as ClientBase, "I", "claim");
     let claim: Claim;
     try {
       if (this.layout === "unpartitioned") {

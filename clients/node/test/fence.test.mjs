@@ -399,4 +399,24 @@ for (const layout of ["unpartitioned", "partitioned"]) {
     }
     assert.deepEqual(await keyRow(pool, k), ["in_progress", t.toString()], "the claim neither completed nor renewed");
   });
+
+  test(`${layout}: a durable claim refuses a client inside a transaction and leaves that transaction as it was`, async () => {
+    const pool = dbs[layout].pool();
+    const k = key();
+    const conn = await pool.connect();
+    try {
+      await conn.query("BEGIN");
+      await pay(conn, k);
+      await assert.rejects(
+        fence(k, token(), "fp").claim(conn),
+        (err) => err instanceof idem.PostgresError && /outside any transaction/.test(err.message) && /status T/.test(err.message),
+      );
+      assert.equal(conn.getTransactionStatus(), "T", "the caller's transaction is still open");
+      await conn.query("ROLLBACK");
+    } finally {
+      conn.release();
+    }
+    assert.equal(await payments(pool, k), 0, "the caller's rollback undid its payment");
+    assert.equal(await keyRow(pool, k), null, "nothing claimed");
+  });
 }
