@@ -46,26 +46,38 @@ export class ReadThrough {
     this.timeoutMs = options.timeoutMs ?? spec.readThrough().timeout_ms;
   }
 
-  /** The completed, unexpired mirror row for `key`, if any. */
+  /**
+   * The completed, unexpired mirror row for `key`, if any. The whole lookup (checkout, then its statements) is
+   * bounded by timeoutMs: statement_timeout alone does not bound a connection that stops answering (a peer gone
+   * silent, a proxy dropping bytes), so past the deadline the client is destroyed and PostgresError thrown.
+   */
   async lookup(key: string): Promise<MirroredRecord | null> {
     const deadline = Date.now() + this.timeoutMs;
     const client = await checkout(this.pool, this.timeoutMs);
-    let broken = false;
-    try {
-      const left = Math.max(1, deadline - Date.now());
+    const left = Math.max(1, deadline - Date.now());
+    const work = (async (): Promise<unknown[] | undefined> => {
       await client.query("BEGIN");
       await client.query(SET_TIMEOUT, [`${left}ms`]);
       const result = await client.query({ text: spec.readThrough().lookup_sql, values: [key], rowMode: "array" });
       await client.query("COMMIT");
-      const row = result.rows[0] as unknown[] | undefined;
-      return row === undefined ? null : decodeRow(key, row[0], row[1], row[2], row[3]);
+      return result.rows[0] as unknown[] | undefined;
+    })();
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new PostgresError(`the mirror lookup had no answer within ${this.timeoutMs} ms`)), left);
+    });
+    let row: unknown[] | undefined;
+    try {
+      row = await Promise.race([work, late]);
     } catch (err) {
-      if (err instanceof PostgresError) throw err;
-      broken = true;
-      throw new PostgresError(describe(err), { cause: err });
+      work.catch(() => undefined); // ends with the destroyed connection
+      client.release(true);
+      throw err instanceof PostgresError ? err : new PostgresError(describe(err), { cause: err });
     } finally {
-      client.release(broken);
+      clearTimeout(timer);
     }
+    client.release();
+    return row === undefined ? null : decodeRow(key, row[0], row[1], row[2], row[3]);
   }
 
   /**

@@ -2,12 +2,14 @@
 // mirror refills Redis; no row is new; another fingerprint is a mismatch
 // (and releases the key); expired and unfinished rows are ignored; an
 // unreachable mirror is a PostgresError (unavailable) and releases the key;
-// bad rows are Postgres errors.
+// a mirror that goes silent mid-lookup is bounded by the timeout and its
+// connection destroyed; bad rows are Postgres errors.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { createServer, connect } from "node:net";
 import pg from "pg";
 import * as idem from "../dist/index.js";
-import { startRedis, database, key } from "./helpers.mjs";
+import { startRedis, database, key, sleep } from "./helpers.mjs";
 
 const fp = (s) => Buffer.from(s.padEnd(32, "."));
 const ttlMs = 60_000;
@@ -84,4 +86,59 @@ test("bad rows are Postgres errors", async () => {
   await mirror(k, fp("a"), { headers: ["content-type"] });
   await assert.rejects(rt.begin(client, k, fp("a"), { ttlMs }), /odd number of header items/);
   assert.throws(() => idem.decodeRow("k", "ab", 99, Buffer.alloc(0), []), /status 99/);
+});
+
+/** A TCP proxy to `url`'s Postgres that, once `silence()` is called, drops every byte in both directions. */
+async function silencingProxy(url) {
+  const target = new URL(url);
+  const sockets = new Set();
+  let silent = false;
+  const server = createServer((peer) => {
+    const upstream = connect(Number(target.port || 5432), target.hostname);
+    for (const s of [peer, upstream]) {
+      sockets.add(s);
+      s.on("error", () => undefined);
+      s.on("close", () => sockets.delete(s));
+    }
+    peer.on("data", (chunk) => silent || upstream.write(chunk));
+    upstream.on("data", (chunk) => silent || peer.write(chunk));
+    peer.on("close", () => upstream.destroy());
+    upstream.on("close", () => peer.destroy());
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const proxied = new URL(url);
+  proxied.hostname = "127.0.0.1";
+  proxied.port = String(server.address().port);
+  return {
+    url: proxied.toString(),
+    silence: () => {
+      silent = true;
+    },
+    async close() {
+      for (const s of sockets) s.destroy();
+      await new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
+test("a mirror that goes silent mid-lookup is unavailable within the timeout, the key released and the connection destroyed", async () => {
+  const proxy = await silencingProxy(db.url);
+  const pool = new pg.Pool({ connectionString: proxy.url, max: 1 });
+  pool.on("error", () => undefined);
+  try {
+    await pool.query("SELECT 1"); // an idle, connected client: the checkout succeeds at once
+    proxy.silence();
+    const k = key();
+    const started = performance.now();
+    const pending = new idem.ReadThrough(pool, { timeoutMs: 500 }).begin(client, k, fp("a"), { ttlMs }).then(() => null, (e) => e);
+    const err = await Promise.race([pending, sleep(3000).then(() => "still pending after 3 s")]);
+    assert.ok(err instanceof idem.PostgresError, String(err));
+    assert.match(err.message, /no answer within 500 ms/);
+    assert.ok(performance.now() - started < 1500, `took ${performance.now() - started} ms`);
+    assert.equal(await client.get(k), null, "released");
+    assert.equal(pool.totalCount, 0, "the silent connection was destroyed, not put back");
+  } finally {
+    await proxy.close(); // first: a client still checked out (a failing run) then ends with its socket
+    await Promise.race([pool.end().catch(() => undefined), sleep(2000)]);
+  }
 });
