@@ -71,7 +71,7 @@ export interface IdempotencyOptions {
   storedHeaders?: string[];
   /** Whether a response of this status is stored (default: all but 5xx and 429). */
   storePolicy?: (status: number) => boolean;
-  /** Run the handler unprotected when Redis is unreachable (default: 503). */
+  /** Run the handler unprotected when Redis is unreachable (default: 503); never when the claim made up front fails. */
   failOpen?: boolean;
   storeRetryMs?: number;
   fingerprinter?: Fingerprinter;
@@ -247,7 +247,7 @@ export class Idempotency {
       [outcome, fence] = await this.beginRequest(rkey, fingerprint);
     } catch (err) {
       if (!(err instanceof IdemError)) throw err;
-      if (err.isUnreachable && this.failOpen) {
+      if (this.failsOpenOn(err)) {
         this.logger.warn(`idempotency store unavailable; running unprotected: ${err.message}`);
         return { kind: "pass" };
       }
@@ -260,6 +260,18 @@ export class Idempotency {
     }
     if (outcome.kind === "new") return { kind: "run", run: new Run(this, rkey, outcome.token, fingerprint, fence ?? undefined) };
     return { kind: "respond", response: this.answer(outcome) };
+  }
+
+  /**
+   * Whether the handler runs unprotected after the first BEGIN failed with `err`: with failOpen, when the store
+   * was unreachable. Never when the claim made up front failed (any PostgresError with claimUpFront: unreachable,
+   * late, or refused by a Postgres that answers — read-only, permissions, a missing table): that claim keeps a
+   * payment single when Redis forgets, and the handler would run with no fence at all. That is a 503, as in the
+   * Rust layer (Config::fails_open_on).
+   */
+  failsOpenOn(err: IdemError): boolean {
+    if (this.claimUpFront && this.readThrough !== undefined && err instanceof PostgresError) return false;
+    return this.failOpen && err.isUnreachable;
   }
 
   /** The fence of a request about to run, with its report attached. */

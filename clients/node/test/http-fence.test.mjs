@@ -11,7 +11,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import * as idem from "../dist/index.js";
-import { startRedis, database, loadSpec, sleep } from "./helpers.mjs";
+import { startRedis, database, emptyDatabase, loadSpec, sleep } from "./helpers.mjs";
 import { FRAMEWORKS, request } from "./apps.mjs";
 
 const HTTP = loadSpec("http.json");
@@ -277,4 +277,24 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
       const retry = await post(app, "/pay", k);
       assert.equal(retry.status, 201, retry.text);
     }));
+}
+
+for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
+  test(`${framework}: with failOpen, a claim made up front that Postgres refuses is 503, never a handler run without its fence`, async () => {
+    // A database without idempotency_keys: Postgres answers, and refuses the claim (42P01).
+    const empty = (await emptyDatabase()).pool(2);
+    const app = await makeApp({ client, logger: quiet, failOpen: true, readThrough: new idem.ReadThrough(empty), claimUpFront: true }, payRoute);
+    try {
+      const k = newKey();
+      for (let i = 0; i < 2; i++) {
+        const answer = await request(app.url, { path: "/pay", headers: [["idempotency-key", k]], body: "x" });
+        assert.equal(answer.status, 503, answer.text);
+        assert.equal(answer.headers["retry-after"], "1");
+      }
+      assert.equal(app.calls.of(`pay:/${k}`), 0, "the handler never ran");
+      assert.equal(await client.get(rkey(k)), null, "the Redis key released");
+    } finally {
+      await app.close();
+    }
+  });
 }
