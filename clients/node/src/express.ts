@@ -2,7 +2,7 @@
 // ./middleware.ts for Express 4 and 5. It reads the request body itself (up
 // to maxRequestBody; `req.rawBody` holds the bytes, and `req.body` the parsed
 // JSON when the content type is JSON, so body parsers after it do not read
-// again), hands the handler `req.idempotency` (key, token, fence), buffers
+// again; JSON that does not parse is express.json()'s 400 error), hands the handler `req.idempotency` (key, token, fence), buffers
 // the response (up to maxResponseBody) and sends it once the key is settled.
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { isJsonContentType } from "./fingerprint.js";
@@ -46,6 +46,10 @@ async function handle(flow: Idempotency, req: IdempotentRequest, res: ServerResp
     next();
     return;
   }
+  // A JSON body that does not parse: the error express.json() gives (400), passed on once the key is held, so
+  // the app's error handler answers it and that answer is stored, as a parse error is the handler's answer on
+  // Fastify and in the Rust layer (a body parser after the middleware finds the body read and does nothing).
+  let parseError: Error | null = null;
   if (key !== null) {
     if (req.readableEnded) {
       // A body parser ran first: the bytes the fingerprint needs are gone.
@@ -60,17 +64,17 @@ async function handle(flow: Idempotency, req: IdempotentRequest, res: ServerResp
     request.body = read.body;
     req.rawBody = read.body;
     const contentType = lines(request, "content-type")[0];
-    if (contentType !== undefined && isJsonContentType(contentType)) {
+    if (contentType !== undefined && isJsonContentType(contentType) && read.body.length > 0) {
       try {
         req.body = JSON.parse(read.body.toString("utf8")) as unknown;
-      } catch {
-        // Not JSON: the handler finds the bytes in req.rawBody.
+      } catch (err) {
+        parseError = badJson(err, read.body);
       }
     }
   }
   const start = await flow.start(request);
   if (start.kind === "pass") {
-    next();
+    next(parseError ?? undefined);
     return;
   }
   if (start.kind === "respond") {
@@ -79,7 +83,13 @@ async function handle(flow: Idempotency, req: IdempotentRequest, res: ServerResp
   }
   req.idempotency = start.run.context;
   capture(res, start.run, flow.maxResponseBody);
-  next();
+  next(parseError ?? undefined);
+}
+
+/** A JSON syntax error shaped as body-parser's (express.json()): status 400, type "entity.parse.failed". */
+function badJson(err: unknown, body: Buffer): Error {
+  const message = err instanceof Error ? err.message : String(err);
+  return Object.assign(new SyntaxError(message), { status: 400, statusCode: 400, expose: true, type: "entity.parse.failed", body: body.toString("utf8") });
 }
 
 function lines(request: HttpRequest, name: string): Buffer[] {

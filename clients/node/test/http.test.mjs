@@ -401,3 +401,36 @@ test("fastify: the plugin refuses to be registered after @fastify/compress", asy
     await app.close().catch(() => undefined);
   }
 });
+
+test("express: JSON that does not parse is express.json()'s 400 once the key is held, stored and replayed; the handler does not run", async () => {
+  const { default: express } = await import("express");
+  const { idempotency } = await import("../dist/express.js");
+  const app = express();
+  app.use(idempotency({ client, logger: quiet }));
+  app.use(express.json()); // finds the body read: does nothing
+  let runs = 0;
+  app.post("/json", (req, res) => {
+    runs++;
+    res.status(201).json({ got: req.body });
+  });
+  const server = http.createServer(app);
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const base = `http://127.0.0.1:${server.address().port}`;
+  try {
+    const k = newKey();
+    const send = (body) => request(base, { path: "/json", headers: [["idempotency-key", k], JSON_CT], body });
+    const first = await send('{"a":');
+    assert.equal(first.status, 400, first.text);
+    assert.equal(runs, 0, "the handler did not run with req.body undefined");
+    const again = await send('{"a":');
+    assert.equal(again.status, 400);
+    assert.equal(again.headers["idempotent-replayed"], "true", "the 400 is the key's stored answer, as on Fastify");
+    const ok = await request(base, { path: "/json", headers: [["idempotency-key", newKey()], JSON_CT], body: '{"a":1}' });
+    assert.equal(ok.status, 201);
+    assert.deepEqual(JSON.parse(ok.text), { got: { a: 1 } });
+    assert.equal(runs, 1);
+  } finally {
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  }
+});
