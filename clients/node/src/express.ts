@@ -120,11 +120,29 @@ function capture(res: ServerResponse, run: Run, limit: number): void {
     chunks.push(b);
     size += b.length;
   };
+  // Past the limit, what the handler writes is held until the key is settled: then sent as it comes, or, when
+  // the fence's answer stands instead (the handler's effect rolled back), that answer and nothing of the handler's.
+  let holding = false;
+  let endCallback: (() => void) | undefined;
   const overflow = (): void => {
     passing = true;
-    restore();
-    void run.overflowed();
-    rawWrite.call(res, Buffer.concat(chunks));
+    holding = true;
+    const settled = (instead: HttpResponse | null): void => {
+      holding = false;
+      restore();
+      if (instead !== null) {
+        sendRaw(res, instead);
+        res.write = (() => true) as typeof res.write; // the rest of the handler's response is dropped
+        res.end = (() => res) as typeof res.end;
+        if (ended) endCallback?.();
+        return;
+      }
+      rawWrite.call(res, Buffer.concat(chunks));
+      if (ended) rawEnd.call(res, endCallback);
+    };
+    run.overflowed().then(settled, () => {
+      settled(problem("internal"));
+    });
   };
   res.writeHead = function (status: number, ...rest: unknown[]): ServerResponse {
     res.statusCode = status;
@@ -149,11 +167,16 @@ function capture(res: ServerResponse, run: Run, limit: number): void {
     if (typeof chunk === "function") cb = chunk;
     else if (chunk !== undefined && chunk !== null) add(chunk as Chunk, typeof encoding === "string" ? (encoding as BufferEncoding) : undefined);
     const callback = (typeof encoding === "function" ? encoding : cb) as (() => void) | undefined;
-    restore();
     if (passing || size > limit) {
       if (!passing) overflow();
+      if (holding) {
+        endCallback = callback; // ended once the key is settled
+        return res;
+      }
+      restore();
       return rawEnd.call(res, callback);
     }
+    restore();
     const response: HttpResponse = { status: res.statusCode, headers: responseHeaders(res), body: Buffer.concat(chunks) };
     void run.finish(response).then(
       (answer) => {

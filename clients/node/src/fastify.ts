@@ -79,23 +79,21 @@ export function idempotencyPlugin(fastify: FastifyInstance, options: Idempotency
         throw err;
       }
       if (read.kind === "over") {
-        await run.overflowed();
-        return read.rest;
+        const instead = await run.overflowed();
+        if (instead === null) return read.rest;
+        read.rest.destroy();
+        return replace(reply, instead);
       }
       body = read.body;
       payload = body; // the stream is spent: the bytes go out
     }
     if (body.length > flow.maxResponseBody) {
-      await run.overflowed();
-      return payload;
+      const instead = await run.overflowed();
+      return instead === null ? payload : replace(reply, instead);
     }
     const response: HttpResponse = { status: reply.statusCode, headers: replyHeaders(reply), body };
     const answer = await run.finish(response);
-    if (answer === response) return payload;
-    for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);
-    reply.code(answer.status);
-    for (const [name, value] of answer.headers) reply.header(name, typeof value === "string" ? value : value.toString("latin1"));
-    return answer.body;
+    return answer === response ? payload : replace(reply, answer);
   });
 
   // A request whose handler never produced a response (the reply was hijacked) still settles its key.
@@ -115,6 +113,14 @@ function answer(reply: FastifyReply, response: HttpResponse): FastifyReply {
   reply.hijack();
   sendRaw(reply.raw, response);
   return reply;
+}
+
+/** The reply becomes `answer` (the key's, not the handler's): its status and headers, and its body as the payload. */
+function replace(reply: FastifyReply, answer: HttpResponse): Buffer {
+  for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);
+  reply.code(answer.status);
+  for (const [name, value] of answer.headers) reply.header(name, typeof value === "string" ? value : value.toString("latin1"));
+  return answer.body;
 }
 
 function toBuffer(payload: unknown): Buffer | null {

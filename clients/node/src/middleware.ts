@@ -417,12 +417,21 @@ export class Run {
     clearTimeout(this.renewal);
   }
 
-  /** The response outgrew maxResponseBody: it is sent, not stored; the key is released unless the fence was used. */
-  async overflowed(): Promise<void> {
+  /**
+   * The response outgrew maxResponseBody: it is not stored; the key is released unless the fence was used. Answers
+   * the fence's answer when the client gets that instead (Lost, Replay, InFlight, Mismatch: the handler's effect
+   * rolled back, so its response must not go out), else null: the response is sent as it comes.
+   */
+  async overflowed(): Promise<HttpResponse | null> {
     this.stop();
-    this.flow.logger.warn(`${this.key}: response larger than maxResponseBody: sent, not stored`);
-    if (await this.unused()) await this.release();
-    else await this.settleFence();
+    if (await this.unused()) {
+      this.flow.logger.warn(`${this.key}: response larger than maxResponseBody: sent, not stored`);
+      await this.release();
+      return null;
+    }
+    const answer = await this.settleFence();
+    if (answer === null) this.flow.logger.warn(`${this.key}: response larger than maxResponseBody: sent, not stored in Redis`);
+    return answer;
   }
 
   /** The handler failed without a response (it threw): the key is settled so a retry can run. */

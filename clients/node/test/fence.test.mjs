@@ -104,14 +104,16 @@ for (const layout of ["unpartitioned", "partitioned"]) {
     assert.deepEqual(await fence(k, token(), "fp").claim(pool), PROCEED);
 
     const h = key();
-    const holder = fence(h, token(), "fp", { leaseMs: 300 });
+    // Lease 1 s: renewed at 0.7 s, checked 0.5 s later (past the first lease, within the renewed one with room
+    // for a loaded machine: a 300 ms lease failed there once).
+    const holder = fence(h, token(), "fp", { leaseMs: 1000 });
     assert.deepEqual(await holder.claim(pool), PROCEED);
-    await sleep(200);
+    await sleep(700);
     await inTransaction(pool, async (conn) => {
       assert.deepEqual(await holder.hold(conn), { kind: "held" });
       await conn.query("COMMIT");
     });
-    await sleep(200); // past the first lease, within the renewed one
+    await sleep(500); // past the first lease, within the renewed one
     assert.deepEqual(await fence(h, token(), "fp").claim(pool), IN_FLIGHT);
   });
 

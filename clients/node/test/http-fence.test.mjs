@@ -58,6 +58,12 @@ const payRoute = (calls) => ({
     }
     return { status: answer.status, headers: { "content-type": "application/json" }, body: answer.body };
   },
+  /** Claims, then answers 5000 bytes whatever the claim found (a handler that ignores its fence's answer). */
+  "/claim-big": async (ctx) => {
+    const claim = await ctx.idem.fence.claim(pool);
+    calls.hit(`claim-big:${claim.kind}:${ctx.key}`);
+    return { status: 200, headers: { "content-type": "text/plain" }, body: "b".repeat(5000) };
+  },
   /** Takes over the claim made up front (through a source that is no pool or client: a statement would fail), then throws. */
   "/claim-boom": async (ctx) => {
     const claim = await ctx.idem.fence.claim({}).catch(() => ({ kind: "a statement ran" }));
@@ -293,6 +299,28 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
       }
       assert.equal(app.calls.of(`pay:/${k}`), 0, "the handler never ran");
       assert.equal(await client.get(rkey(k)), null, "the Redis key released");
+    } finally {
+      await app.close();
+    }
+  });
+}
+
+for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
+  test(`${framework}: a response over maxResponseBody after the fence answered in_flight is the fence's 409, not the handler's body`, async () => {
+    const app = await makeApp({ client, logger: quiet, maxResponseBody: 1000 }, payRoute);
+    try {
+      const k = newKey();
+      // Another holder's live claim (Redis forgot it): the handler's claim finds it in flight.
+      const same = app.flow.fingerprinter.fingerprint("POST", "/claim-big", [], Buffer.from("x"));
+      const holder = new idem.Fence(rkey(k), 1n, same, 60_000, { leaseMs: 30_000 });
+      assert.deepEqual(await holder.claim(pool), { kind: "proceed" });
+      const answer = await request(app.url, { path: "/claim-big", headers: [["idempotency-key", k]], body: "x" });
+      assert.equal(answer.status, 409, `${answer.status} with ${answer.body.length} bytes`);
+      assert.equal(answer.headers["retry-after"], String(Math.ceil(HTTP.defaults.fence_retry_after_ms / 1000)));
+      assert.equal(app.calls.of(`claim-big:in_flight:/${k}`), 1);
+      assert.equal(await client.get(rkey(k)), null, "the Redis key released");
+      assert.deepEqual(await row(k), ["in_progress", 1n], "the live claim is left to its holder");
+      await holder.release(pool);
     } finally {
       await app.close();
     }
