@@ -133,14 +133,7 @@ impl ReadThrough {
             release(client, key, token).await;
             return Ok(Outcome::Mismatch);
         }
-        if let Err(err) = client
-            .complete(key, token, &record.response, Origin::Mirror)
-            .await
-        {
-            // The mirror's answer stands; Redis just stays without it.
-            tracing::warn!(key, error = %err, "read-through could not refill redis");
-            release(client, key, token).await;
-        }
+        refill(client, key, token, &record.response).await;
         Ok(Outcome::Replay(record.response))
     }
 }
@@ -179,7 +172,26 @@ pub(crate) fn decode_response(
     })
 }
 
-async fn release<C>(client: &IdemClient<C>, key: &str, token: u64)
+/// Puts the answer Postgres holds for `key` into Redis under `token`
+/// (`MIRRORED`: the writer has nothing to write); when that fails, the key
+/// is released (the answer stands, Redis just stays without it).
+pub(crate) async fn refill<C>(
+    client: &IdemClient<C>,
+    key: &str,
+    token: u64,
+    response: &StoredResponse,
+) where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    if let Err(err) = client.complete(key, token, response, Origin::Mirror).await {
+        tracing::warn!(key, error = %err, "could not refill redis from postgres");
+        release(client, key, token).await;
+    }
+}
+
+/// Releases `key` held with `token` (`IDEM.ABORT`); a failure is logged
+/// (the key then frees itself when its lease lapses).
+pub(crate) async fn release<C>(client: &IdemClient<C>, key: &str, token: u64)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {

@@ -167,6 +167,24 @@ fn routes(app: App) -> Router {
         .with_state(app)
 }
 
+/// A database with the writer's table and an `effects` table, and a pool of
+/// up to `max_size` connections to it (opened on first use).
+async fn database(max_size: usize) -> (PgDatabase, Pool) {
+    let db = PgDatabase::create();
+    let mut client = db.connect().await;
+    idem_writer::migrate(&mut client).await.unwrap();
+    client
+        .batch_execute("CREATE TABLE effects (n BIGINT NOT NULL)")
+        .await
+        .unwrap();
+    let config: tokio_postgres::Config = db.url.parse().unwrap();
+    let pool = Pool::builder(Manager::new(config, NoTls))
+        .max_size(max_size)
+        .build()
+        .unwrap();
+    (db, pool)
+}
+
 struct Fixture {
     redis: RedisServer,
     db: PgDatabase,
@@ -183,18 +201,7 @@ impl Fixture {
     /// handler, through read-through's pool.
     async fn start_with(up_front: bool) -> Fixture {
         let redis = RedisServer::start();
-        let db = PgDatabase::create();
-        let mut client = db.connect().await;
-        idem_writer::migrate(&mut client).await.unwrap();
-        client
-            .batch_execute("CREATE TABLE effects (n BIGINT NOT NULL)")
-            .await
-            .unwrap();
-        let config: tokio_postgres::Config = db.url.parse().unwrap();
-        let pool = Pool::builder(Manager::new(config, NoTls))
-            .max_size(4)
-            .build()
-            .unwrap();
+        let (db, pool) = database(4).await;
         let app = App {
             pool,
             calls: Arc::default(),
@@ -501,13 +508,8 @@ async fn an_up_front_claim_the_handler_leaves_alone_is_released_and_the_response
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_open_never_runs_a_handler_whose_up_front_claim_failed() {
     let redis = RedisServer::start();
-    let db = PgDatabase::create();
-    let mut client = db.connect().await;
-    idem_writer::migrate(&mut client).await.unwrap();
-    client
-        .batch_execute("CREATE TABLE effects (n BIGINT NOT NULL)")
-        .await
-        .unwrap();
+    let (db, pool) = database(2).await;
+    let client = db.connect().await;
     let database = client
         .query_one("SELECT current_database()", &[])
         .await
@@ -518,11 +520,6 @@ async fn fail_open_never_runs_a_handler_whose_up_front_claim_failed() {
             "ALTER DATABASE \"{database}\" SET default_transaction_read_only = on"
         ))
         .await
-        .unwrap();
-    let config: tokio_postgres::Config = db.url.parse().unwrap();
-    let pool = Pool::builder(Manager::new(config, NoTls))
-        .max_size(2)
-        .build()
         .unwrap();
     let app = App {
         pool: pool.clone(),
@@ -550,18 +547,7 @@ async fn fail_open_never_runs_a_handler_whose_up_front_claim_failed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_reaching_an_old_up_front_claim_claims_again() {
     let redis = RedisServer::start();
-    let db = PgDatabase::create();
-    let mut client = db.connect().await;
-    idem_writer::migrate(&mut client).await.unwrap();
-    client
-        .batch_execute("CREATE TABLE effects (n BIGINT NOT NULL)")
-        .await
-        .unwrap();
-    let config: tokio_postgres::Config = db.url.parse().unwrap();
-    let pool = Pool::builder(Manager::new(config, NoTls))
-        .max_size(4)
-        .build()
-        .unwrap();
+    let (_db, pool) = database(4).await;
     let entered = Arc::new(AtomicUsize::new(0));
     let proceeded = Arc::new(AtomicUsize::new(0));
     let app = App {

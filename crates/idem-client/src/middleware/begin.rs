@@ -92,7 +92,6 @@ where
 {
     use super::metrics::FenceAnswer;
     use crate::fence::Claim;
-    use crate::Origin;
 
     let client = &config.client;
     let token = match client
@@ -137,14 +136,7 @@ where
         }
         Ok(Claim::Replay(stored)) => {
             observer.fence(FenceAnswer::Replay);
-            match client.complete(key, token, &stored, Origin::Mirror).await {
-                Ok(()) => {}
-                Err(err) => {
-                    // The row's answer stands; Redis just stays without it.
-                    tracing::warn!(key, error = %err, "could not refill redis from the fence's row");
-                    abort(config, key, token).await;
-                }
-            }
+            crate::read_through::refill(client, key, token, &stored).await;
             return Ok((Outcome::Replay(stored), None));
         }
         Ok(Claim::Mismatch) => {
@@ -159,7 +151,7 @@ where
         }
         Err(err) => Err(err),
     };
-    abort(config, key, token).await;
+    crate::read_through::release(client, key, token).await;
     outcome.map(|outcome| (outcome, None))
 }
 
@@ -181,14 +173,4 @@ fn release_in_background(
             tracing::warn!(key, error = %err, "could not release the fence's claim; it ends with its lease");
         }
     });
-}
-
-#[cfg(feature = "postgres")]
-async fn abort<C>(config: &Config<C>, key: &str, token: u64)
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    if let Err(err) = config.client.abort(key, token).await {
-        tracing::warn!(key, error = %err, "could not release an idempotency key");
-    }
 }
