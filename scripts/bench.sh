@@ -5,7 +5,7 @@
 # the HTTP middleware (bench-http.sh), WAIT wake-up cost, and cleanup of the
 # partitioned vs the unpartitioned table (bench-partition.sh, 10M rows).
 # The fence at processor latencies 0/50/200 ms against the same API without
-# it (fence_bench). `scripts/bench.sh module|mirror|http|fence|wait|partition`
+# it (fence_bench). `scripts/bench.sh module|mirror|http|fence|wait|partition|peers`
 # runs one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,15 @@ run_wait() {
   target/release/examples/wait_wakeup
 }
 
+# The Python and Node middlewares against AWS Powertools' idempotency, on
+# the same Redis (bench/python-peers, bench/node-peers).
+run_peers() {
+  echo "== Python: idem against Powertools =="
+  IDEM_MODULE=$(build_module) bench/python-peers/run.sh
+  echo; echo "== Node: idem against Powertools =="
+  IDEM_MODULE=$(build_module) bench/node-peers/run.sh --seconds 5 --concurrency 32
+}
+
 case ${1:-all} in
   module) run_module; echo; scripts/bench-keyspace.sh ;;
   mirror) scripts/bench-mirror.sh ;;
@@ -36,6 +45,7 @@ case ${1:-all} in
   fence) run_fence ;;
   wait) run_wait ;;
   partition) scripts/bench-partition.sh ;;
+  peers) run_peers ;;
   all)
     run_module
     echo; scripts/bench-keyspace.sh
@@ -44,6 +54,7 @@ case ${1:-all} in
     echo; scripts/bench-http.sh
     echo; run_fence
     echo; scripts/bench-partition.sh
+    echo; run_peers
     ;;
-  *) echo "usage: $0 [module|mirror|http|fence|wait|partition]" >&2; exit 2 ;;
+  *) echo "usage: $0 [module|mirror|http|fence|wait|partition|peers]" >&2; exit 2 ;;
 esac
