@@ -394,6 +394,9 @@ for (const layout of ["unpartitioned", "partitioned"]) {
       // An aborted transaction is refused too (its statements would fail anyway).
       await conn.query("BEGIN");
       await conn.query("SELECT 1/0").catch(() => undefined);
+      // pg rejects on the ErrorResponse, before it reads the ReadyForQuery
+      // that sets the status to E: let it read that first.
+      while (conn.getTransactionStatus() !== "E") await new Promise((resolve) => setImmediate(resolve));
       await assert.rejects(holder.complete(conn, CREATED), (err) => err instanceof idem.PostgresError && /status E/.test(err.message));
       await conn.query("ROLLBACK");
     } finally {
