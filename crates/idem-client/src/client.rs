@@ -1,5 +1,7 @@
 //! `IdemClient`: the IDEM.* commands over any async redis-rs connection
-//! (idem's `Pipe`, multiplexed, connection manager, cluster), each call bounded by a timeout.
+//! (idem's `Pipe`, multiplexed, connection manager, cluster), each call
+//! bounded by a timeout; and COMPLETE with a replica acknowledgement
+//! (`WAIT`) on a dedicated connection.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,7 +111,8 @@ impl<C> IdemClient<C> {
         }
     }
 
-    /// Connections used only for blocking `IDEM.BEGIN ... WAIT` calls.
+    /// Connections used only for blocking calls: `IDEM.BEGIN ... WAIT` and
+    /// `complete_replicated`.
     pub fn with_wait_connections(mut self, wait: Arc<dyn WaitConnections>) -> Self {
         self.wait_connections = Some(wait);
         self
@@ -244,6 +247,84 @@ where
         parse_ok(&self.query(&command).await?)
     }
 
+    /// `IDEM.COMPLETE`, then `WAIT replicas timeout` pipelined behind it on
+    /// a dedicated connection (one round trip; a blocked `WAIT` would stall a
+    /// shared connection, and it counts the writes of its own connection,
+    /// so the COMPLETE goes first on the same one). Answers how many
+    /// replicas acknowledged the stored response within `timeout`: fewer
+    /// than `replicas` means a failover now may lose it (the record stays
+    /// completed on this primary either way). A `WAIT` that fails after the
+    /// COMPLETE is logged and answers 0. An error is the COMPLETE's, as
+    /// from `complete`; when the round trip takes longer than `timeout`
+    /// plus the call timeout, `Unavailable`: the COMPLETE's fate is unknown.
+    ///
+    /// Refused before anything is sent: `replicas` 0 or a zero `timeout`
+    /// (`WAIT` with 0 blocks for ever) with `BadArg`, a client without wait
+    /// connections with `NoWaitConnections`.
+    pub async fn complete_replicated(
+        &self,
+        key: &str,
+        token: u64,
+        response: &StoredResponse,
+        origin: Origin,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<u32, IdemError> {
+        let acked = self
+            .complete_replicated_parts(key, token, response, origin, replicas, timeout)
+            .await?;
+        Ok(acked.unwrap_or_else(|error| {
+            tracing::warn!(key, %error, "WAIT after COMPLETE failed: no replica known to hold the response");
+            0
+        }))
+    }
+
+    /// `complete_replicated` of any response's parts: the COMPLETE's
+    /// result, and inside it the `WAIT`'s (the replicas that acknowledged).
+    pub(crate) async fn complete_replicated_parts(
+        &self,
+        key: &str,
+        token: u64,
+        response: &impl ResponseParts,
+        origin: Origin,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<Result<u32, IdemError>, IdemError> {
+        check_replica_ack(replicas, timeout).map_err(IdemError::BadArg)?;
+        let connections = self
+            .wait_connections
+            .as_ref()
+            .ok_or(IdemError::NoWaitConnections)?;
+        let complete = CompleteArgs {
+            key: key.as_bytes(),
+            token,
+            status: response.status(),
+            body: response.body(),
+            headers: response.headers(),
+            mirrored: origin == Origin::Mirror,
+        };
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(complete.to_cmd());
+        pipeline.cmd("WAIT").arg(replicas).arg(millis(timeout));
+        let bound = timeout.saturating_add(self.call_timeout);
+        let replies = connections.query_pipeline(pipeline, bound).await?;
+        let [completed, waited]: [Value; 2] =
+            replies.try_into().map_err(|replies: Vec<Value>| {
+                IdemError::UnexpectedReply(format!(
+                    "{} replies to COMPLETE and WAIT",
+                    replies.len()
+                ))
+            })?;
+        parse_ok(&completed.extract_error()?)?;
+        Ok(match waited.extract_error() {
+            Ok(Value::Int(acked)) => Ok(u32::try_from(acked.max(0)).unwrap_or(u32::MAX)),
+            Ok(other) => Err(IdemError::UnexpectedReply(format!(
+                "WAIT answered {other:?}"
+            ))),
+            Err(err) => Err(IdemError::from(err)),
+        })
+    }
+
     /// `IDEM.ABORT`: releases the key. `false` when `token` no longer holds
     /// an in-progress record (taken over, completed or gone).
     pub async fn abort(&self, key: &str, token: u64) -> Result<bool, IdemError> {
@@ -312,6 +393,24 @@ fn begin_args<'a>(
         wait_ms: wait.map(millis),
         replay: ReplayLayout::Fields,
     }
+}
+
+/// Checks a replica acknowledgement's settings: at least one replica, and
+/// a timeout (`WAIT` with 0 blocks for ever). The error says which and why.
+pub(crate) fn check_replica_ack(replicas: u32, timeout: Duration) -> Result<(), String> {
+    if replicas == 0 {
+        return Err(
+            "replica acknowledgement: replicas must be at least 1 (WAIT 0 waits for no replica)"
+                .into(),
+        );
+    }
+    if timeout.is_zero() {
+        return Err(
+            "replica acknowledgement: the timeout must be more than zero (WAIT with timeout 0 blocks for ever)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Whole milliseconds (rounded up), at least 1.

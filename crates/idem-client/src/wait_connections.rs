@@ -1,7 +1,8 @@
-//! Connections reserved for blocking `IDEM.BEGIN ... WAIT` calls. Redis stops
-//! reading a blocked client's socket, so a waiting BEGIN on a shared
-//! (multiplexed) connection would stall every other request behind it: each
-//! waiter borrows a connection of its own from this small pool.
+//! Connections reserved for blocking calls: `IDEM.BEGIN ... WAIT`, and
+//! `IDEM.COMPLETE` pipelined with a replica `WAIT`. Redis stops reading a
+//! blocked client's socket, so a blocking call on a shared (multiplexed)
+//! connection would stall every other request behind it: each caller
+//! borrows a connection of its own from this small pool.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, RedisResult, Value};
+use redis::{Cmd, Pipeline, RedisResult, Value};
 
 use crate::call::{bounded, DEFAULT_CALL_TIMEOUT};
 use crate::IdemError;
@@ -18,6 +19,27 @@ use crate::IdemError;
 pub trait WaitConnections: Send + Sync + 'static {
     /// Runs `cmd` for at most `timeout` (past it: `IdemError::Unavailable`).
     fn query(&self, cmd: Cmd, timeout: Duration) -> BoxFuture<'_, Result<Value, IdemError>>;
+
+    /// Runs `pipeline`'s commands on one such connection, in one write, for
+    /// at most `timeout`: their replies in order, a command's error reply
+    /// as a `Value::ServerError` in its place. The replica acknowledgement
+    /// needs it (`WAIT` counts its own connection's writes, so the COMPLETE
+    /// it waits for goes first on the same connection). By default refused:
+    /// an implementation that cannot keep the commands on one connection
+    /// must not pretend to.
+    fn query_pipeline(
+        &self,
+        pipeline: Pipeline,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Vec<Value>, IdemError>> {
+        let _ = (pipeline, timeout);
+        Box::pin(async {
+            Err(IdemError::Redis(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "these wait connections do not run pipelines (the replica acknowledgement needs DedicatedConnections)",
+            ))))
+        })
+    }
 }
 
 type Opener<C> = Arc<dyn Fn() -> BoxFuture<'static, RedisResult<C>> + Send + Sync>;
@@ -89,6 +111,14 @@ where
             .len()
     }
 
+    /// An idle connection, or a new one opened within `timeout`.
+    async fn checkout(&self, timeout: Duration) -> Result<C, IdemError> {
+        match self.take_idle() {
+            Some(conn) => Ok(conn),
+            None => bounded(timeout, (self.open)()).await,
+        }
+    }
+
     fn take_idle(&self) -> Option<C> {
         self.idle
             .lock()
@@ -110,16 +140,33 @@ where
 {
     fn query(&self, cmd: Cmd, timeout: Duration) -> BoxFuture<'_, Result<Value, IdemError>> {
         Box::pin(async move {
-            let mut conn = match self.take_idle() {
-                Some(conn) => conn,
-                None => bounded(timeout, (self.open)()).await?,
-            };
+            let mut conn = self.checkout(timeout).await?;
             let result = bounded(timeout, cmd.query_async::<Value>(&mut conn)).await;
             // Only a connection that answered goes back: one that timed out
             // may still deliver the late answer, one that failed on I/O is
             // broken, and a server error (`UNBLOCKED` by a demotion) may
             // come with the server closing it.
             if result.is_ok() {
+                self.give_back(conn);
+            }
+            result
+        })
+    }
+
+    fn query_pipeline(
+        &self,
+        pipeline: Pipeline,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<Vec<Value>, IdemError>> {
+        Box::pin(async move {
+            let mut conn = self.checkout(timeout).await?;
+            let count = pipeline.len();
+            let result = bounded(timeout, conn.req_packed_commands(&pipeline, 0, count)).await;
+            // As in `query`; a reply holding an error goes back neither.
+            let answered = result.as_ref().is_ok_and(|values| {
+                values.len() == count && !values.iter().any(|v| matches!(v, Value::ServerError(_)))
+            });
+            if answered {
                 self.give_back(conn);
             }
             result

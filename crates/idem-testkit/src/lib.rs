@@ -313,6 +313,49 @@ impl RedisServer {
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
     }
+
+    /// A replica of `primary` (same module, default options), returned
+    /// once its link to the primary is up and the initial sync done.
+    pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
+        let mut config = RedisConfig::default();
+        config.server_args.extend([
+            "--replicaof".to_string(),
+            "127.0.0.1".to_string(),
+            primary.port.to_string(),
+        ]);
+        let replica = config.start();
+        let mut conn = replica.conn();
+        let synced = eventually(Duration::from_secs(20), || {
+            cluster::info(&mut conn, "replication")
+                .get("master_link_status")
+                .map(String::as_str)
+                == Some("up")
+        });
+        assert!(synced, "the replica did not sync:\n{}", replica.log());
+        replica
+    }
+
+    /// SIGSTOP: the server freezes (a stalled VM, a link that drops
+    /// everything): its clients and its primary hear nothing, and connected
+    /// ones do not notice. `thaw` resumes it; drop kills it frozen or not.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT after `freeze`.
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("the server is running");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} redis-server");
+    }
 }
 
 impl Drop for RedisServer {

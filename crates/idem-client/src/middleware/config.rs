@@ -43,6 +43,15 @@ pub(crate) struct Config<C> {
     pub(crate) max_retry_after: Duration,
     pub(crate) metrics: Option<LayerMetrics>,
     pub(crate) metrics_route: Option<RouteFn>,
+    pub(crate) replica_ack: Option<ReplicaAck>,
+}
+
+/// `IdempotencyLayer::replica_ack`: a stored response is answered only
+/// once `replicas` replicas acknowledged it within `timeout` (checked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaAck {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
 }
 
 impl<C: Clone> Clone for Config<C> {
@@ -73,6 +82,7 @@ impl<C: Clone> Clone for Config<C> {
             max_retry_after: self.max_retry_after,
             metrics: self.metrics.clone(),
             metrics_route: self.metrics_route.clone(),
+            replica_ack: self.replica_ack,
         }
     }
 }

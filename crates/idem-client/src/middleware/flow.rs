@@ -317,8 +317,7 @@ where
     match report {
         FenceReport::Committed(stored) => {
             observer.fence(FenceAnswer::Committed);
-            held.store_committed(&stored).await;
-            None
+            held.store_committed(&stored).await
         }
         FenceReport::Decided(Claim::Replay(stored)) => {
             observer.fence(FenceAnswer::Replay);

@@ -9,10 +9,11 @@ use http::request::Parts;
 use http::{Method, StatusCode};
 use tower::Layer;
 
-use super::config::{default_store_policy, Config};
+use super::config::{default_store_policy, Config, ReplicaAck};
 use super::key::tenant_of_lines;
 use super::metrics::LayerMetrics;
 use super::service::Idempotency;
+use crate::client::check_replica_ack;
 use crate::{Fingerprinter, IdemClient};
 #[cfg(feature = "postgres")]
 use crate::{ReadThrough, TableLayout};
@@ -107,6 +108,7 @@ impl<C> IdempotencyLayer<C> {
                 max_retry_after: Duration::from_secs(2),
                 metrics: None,
                 metrics_route: None,
+                replica_ack: None,
             },
         }
     }
@@ -213,6 +215,35 @@ impl<C> IdempotencyLayer<C> {
             "wait_for_result needs an IdemClient with wait connections"
         );
         self.config.wait = Some(wait);
+        self
+    }
+
+    /// Answer a response the layer stores in Redis only once `replicas`
+    /// replicas acknowledged it, waiting up to `timeout` (default: off).
+    /// Each COMPLETE goes out with `WAIT replicas timeout` behind it, in one
+    /// round trip on a dedicated connection. When fewer replicas
+    /// acknowledged in time, or the COMPLETE's fate is unknown or Redis
+    /// refuses it for now, the client gets 503 (`Retry-After`) instead of
+    /// the response, and the key is not released: the record stays, so a
+    /// retry replays it where it survived, and with the fence Postgres holds
+    /// the answer. Replays are answered as Redis holds them, unacknowledged:
+    /// pair this with `min-replicas-to-write` and a `timeout` longer than
+    /// the primary takes to refuse writes once cut off (docs/client.md,
+    /// docs/partitions.md).
+    ///
+    /// # Panics
+    /// When `replicas` is 0 or `timeout` is zero (`WAIT` with 0 blocks for
+    /// ever), or the client has no wait connections (`IdemClient::standalone`,
+    /// `IdemClient::cluster` or `with_wait_connections` provide them).
+    pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        if let Err(reason) = check_replica_ack(replicas, timeout) {
+            panic!("{reason}");
+        }
+        assert!(
+            self.config.client.can_wait(),
+            "replica_ack needs an IdemClient with wait connections"
+        );
+        self.config.replica_ack = Some(ReplicaAck { replicas, timeout });
         self
     }
 

@@ -43,6 +43,10 @@ pub mod names {
     pub const STORE_GAVE_UP: &str = "idem_store_gave_up_total";
     /// Failed Redis calls of the layer by `op` and `kind`.
     pub const REDIS_ERRORS: &str = "idem_redis_errors_total";
+    /// Stored responses answered 503 instead because the layer's
+    /// `replica_ack` was not met, by `route` and `reason` (the labels of
+    /// this module's `AckFailure`).
+    pub const REPLICA_ACK_FAILURES: &str = "idem_replica_ack_failures_total";
 }
 // ANCHOR_END: names
 
@@ -117,6 +121,31 @@ impl FenceAnswer {
 }
 // ANCHOR_END: fence_labels
 
+/// Why a stored response was not acknowledged by enough replicas (the
+/// `reason` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AckFailure {
+    /// `WAIT` answered fewer replicas than asked within the timeout.
+    Missed,
+    /// `WAIT` failed after the COMPLETE was stored.
+    WaitFailed,
+    /// The COMPLETE itself could not be stored for now (unreachable,
+    /// refused for now, fate unknown): nothing to acknowledge.
+    NotStored,
+}
+
+// ANCHOR: ack_labels
+impl AckFailure {
+    fn label(self) -> &'static str {
+        match self {
+            AckFailure::Missed => "missed",
+            AckFailure::WaitFailed => "wait_failed",
+            AckFailure::NotStored => "not_stored",
+        }
+    }
+}
+// ANCHOR_END: ack_labels
+
 /// The Redis call that failed (the `op` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RedisOp {
@@ -124,6 +153,8 @@ pub(crate) enum RedisOp {
     Complete,
     Abort,
     Touch,
+    /// The replica `WAIT` after a COMPLETE (`replica_ack`).
+    Wait,
 }
 
 // ANCHOR: op_labels
@@ -134,6 +165,7 @@ impl RedisOp {
             RedisOp::Complete => "complete",
             RedisOp::Abort => "abort",
             RedisOp::Touch => "touch",
+            RedisOp::Wait => "wait",
         }
     }
 }
@@ -191,6 +223,12 @@ struct FenceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AckLabels {
+    route: Arc<str>,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     op: &'static str,
     kind: &'static str,
@@ -226,6 +264,7 @@ struct Families {
     store_pending: Gauge,
     store_gave_up: Counter,
     redis_errors: Family<ErrorLabels, Counter>,
+    replica_ack_failures: Family<AckLabels, Counter>,
 }
 
 /// A counter's name as registered: prometheus-client appends `_total`.
@@ -244,6 +283,7 @@ impl LayerMetrics {
             store_pending: Gauge::default(),
             store_gave_up: Counter::default(),
             redis_errors: Family::default(),
+            replica_ack_failures: Family::default(),
         };
         registry.register(
             counter(names::REQUESTS),
@@ -279,6 +319,11 @@ impl LayerMetrics {
             counter(names::REDIS_ERRORS),
             "Failed Redis calls of the layer by op and kind.",
             families.redis_errors.clone(),
+        );
+        registry.register(
+            counter(names::REPLICA_ACK_FAILURES),
+            "Stored responses answered 503 because too few replicas acknowledged them (replica_ack), by route and reason.",
+            families.replica_ack_failures.clone(),
         );
         LayerMetrics {
             inner: Arc::new(families),
@@ -380,6 +425,19 @@ impl Observer {
         }
     }
 
+    pub(crate) fn replica_ack_failed(&self, reason: AckFailure) {
+        if let Some((metrics, route)) = &self.0 {
+            metrics
+                .inner
+                .replica_ack_failures
+                .get_or_create(&AckLabels {
+                    route: route.clone(),
+                    reason: reason.label(),
+                })
+                .inc();
+        }
+    }
+
     pub(crate) fn redis_error(&self, op: RedisOp, err: &IdemError) {
         if let Some(metrics) = self.metrics() {
             metrics.redis_error(op, err);
@@ -420,6 +478,7 @@ mod tests {
         observer.begin(Duration::from_micros(300));
         observer.complete(Duration::from_millis(2));
         observer.fence(FenceAnswer::InFlight);
+        observer.replica_ack_failed(AckFailure::Missed);
         metrics.redis_error(RedisOp::Complete, &IdemError::Oom("full".into()));
         let pending = metrics.store_pending();
         let text = render(&registry);
@@ -434,6 +493,9 @@ mod tests {
             text.contains("idem_fence_answers_total{route=\"/payments\",answer=\"in_flight\"} 1\n")
         );
         assert!(text.contains("idem_redis_errors_total{op=\"complete\",kind=\"oom\"} 1\n"));
+        assert!(text.contains(
+            "idem_replica_ack_failures_total{route=\"/payments\",reason=\"missed\"} 1\n"
+        ));
         assert!(text.contains("idem_store_pending 1\n"));
         drop(pending);
         assert!(render(&registry).contains("idem_store_pending 0\n"));
@@ -460,6 +522,7 @@ mod tests {
         observer.complete(Duration::ZERO);
         observer.fence(FenceAnswer::Committed);
         observer.redis_error(RedisOp::Touch, &IdemError::Stale(String::new()));
+        observer.replica_ack_failed(AckFailure::NotStored);
         metrics.store_gave_up();
         let text = render(&registry);
         for name in [
@@ -468,6 +531,7 @@ mod tests {
             names::STORE_PENDING,
             names::STORE_GAVE_UP,
             names::REDIS_ERRORS,
+            names::REPLICA_ACK_FAILURES,
         ] {
             assert!(
                 text.lines()

@@ -1,7 +1,10 @@
 //! How a finished request leaves its key in Redis: COMPLETE (the handler's
 //! response, or a response the fence committed to Postgres, `MIRRORED`) or
 //! ABORT, and what the client is answered when the key was lost (`NOTFOUND`)
-//! or taken over (`STALE`) meanwhile: one answer per key, stored.
+//! or taken over (`STALE`) meanwhile: one answer per key, stored. With the
+//! layer's `replica_ack`, the COMPLETE of an answer goes out with a replica
+//! `WAIT`, and an answer not acknowledged by enough replicas (or not stored
+//! for now) is a 503 instead; the key is never released for it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +16,8 @@ use tokio::time::Instant;
 
 use super::begin::begin;
 use super::body::IdemBody;
-use super::config::Config;
-use super::metrics::{Observer, RedisOp};
+use super::config::{Config, ReplicaAck};
+use super::metrics::{AckFailure, Observer, RedisOp};
 use super::problem::{replay_response, Problem};
 use crate::outcome::ResponseParts;
 use crate::{Fingerprint, IdemError, Origin, Outcome, StoredResponse};
@@ -42,6 +45,18 @@ pub(crate) struct Held<'a, C> {
 /// What the client gets when the key's answer is not the handler's own.
 pub(crate) type Override<B> = Option<Response<IdemBody<B>>>;
 
+/// How far a stored answer got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    /// Stored, and acknowledged by the replicas `replica_ack` asks for
+    /// (when it does).
+    Durable,
+    /// Stored on the primary, but fewer replicas than `replica_ack` asks
+    /// for acknowledged it in time (or `WAIT` failed): a failover may lose
+    /// it.
+    Unacknowledged,
+}
+
 impl<C> Held<'_, C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -62,25 +77,40 @@ where
     /// running the handler again (boxed: a rare path, kept out of every
     /// request's state).
     pub async fn store<B>(&self, stored: &impl ResponseParts) -> Override<B> {
-        match self.complete(self.token, stored, Origin::Handler).await {
+        match self
+            .complete_answer(self.token, stored, Origin::Handler)
+            .await
+        {
             Err(err) if err.is_transient() => {
-                tracing::warn!(key = self.key, error = %err, "COMPLETE failed: the response is sent, storing it goes on in the background");
+                tracing::warn!(key = self.key, error = %err, "COMPLETE failed: storing the response goes on in the background");
                 self.store_in_background(stored.to_stored());
-                None
+                self.not_stored()
             }
             result => self.settle(result, stored).await,
         }
+    }
+
+    /// The answer when the response could not be stored for now: with
+    /// `replica_ack`, 503 (the client must not take it as durable; the key
+    /// is kept, and a retry gets 409 or the replay once it is stored);
+    /// without, the response itself.
+    fn not_stored<B>(&self) -> Override<B> {
+        self.config.replica_ack.map(|_| {
+            self.observer.replica_ack_failed(AckFailure::NotStored);
+            Problem::Unavailable.into_response()
+        })
     }
 
     /// What a COMPLETE of the handler's response leaves the key with, in the
     /// request or after retrying in the background.
     async fn settle<B>(
         &self,
-        result: Result<(), IdemError>,
+        result: Result<Stored, IdemError>,
         stored: &impl ResponseParts,
     ) -> Override<B> {
         match result {
-            Ok(()) => None,
+            Ok(Stored::Durable) => None,
+            Ok(Stored::Unacknowledged) => Some(Problem::Unavailable.into_response()),
             Err(IdemError::Stale(_)) => {
                 tracing::warn!(
                     key = self.key,
@@ -112,25 +142,43 @@ where
 
     /// The fence committed `stored` to Postgres: put it into Redis without
     /// handing it to the writer. It is the key's authoritative answer, so the
-    /// client gets it whatever Redis says.
-    pub async fn store_committed(&self, stored: &StoredResponse) {
-        match self.complete(self.token, stored, Origin::Mirror).await {
-            Ok(()) => {}
-            Err(err @ (IdemError::Stale(_) | IdemError::NotFound(_))) => tracing::warn!(
-                key = self.key,
-                error = %err,
-                "the fenced response is committed in Postgres; Redis lost or passed on the key"
-            ),
-            Err(err) => tracing::error!(
-                key = self.key,
-                error = %err,
-                "the fenced response is committed in Postgres but could not be put into Redis"
-            ),
+    /// client gets it whatever Redis says; but with `replica_ack`, an answer
+    /// Redis stored without enough replicas acknowledging it, or could not
+    /// store for now, is a 503: the retry replays it from Redis where it
+    /// survived, else the fence's claim finds it in Postgres.
+    pub async fn store_committed<B>(&self, stored: &StoredResponse) -> Override<B> {
+        match self
+            .complete_answer(self.token, stored, Origin::Mirror)
+            .await
+        {
+            Ok(Stored::Durable) => None,
+            Ok(Stored::Unacknowledged) => Some(Problem::Unavailable.into_response()),
+            Err(err @ (IdemError::Stale(_) | IdemError::NotFound(_))) => {
+                tracing::warn!(
+                    key = self.key,
+                    error = %err,
+                    "the fenced response is committed in Postgres; Redis lost or passed on the key"
+                );
+                None
+            }
+            Err(err) => {
+                tracing::error!(
+                    key = self.key,
+                    error = %err,
+                    "the fenced response is committed in Postgres but could not be put into Redis"
+                );
+                if err.is_transient() {
+                    self.not_stored()
+                } else {
+                    None
+                }
+            }
         }
     }
 
     /// The fence replayed `stored` from Postgres: refill Redis with it, or
-    /// release the key when that fails.
+    /// release the key when that fails. The client gets the replay either
+    /// way, so no replica acknowledgement is waited for.
     pub async fn refill(&self, stored: &StoredResponse) {
         if let Err(err) = self.complete(self.token, stored, Origin::Mirror).await {
             tracing::warn!(key = self.key, error = %err, "could not refill redis from the fence's row");
@@ -174,7 +222,8 @@ where
             let give_up = now.checked_add(config.store_retry).unwrap_or(now + FOREVER);
             let result = held
                 .complete_until(token, &stored, Origin::Handler, give_up, true)
-                .await;
+                .await
+                .map(|()| Stored::Durable);
             if result.is_ok() {
                 tracing::info!(key, "the response is stored after Redis came back");
             }
@@ -182,6 +231,61 @@ where
             // when nobody holds the key; the client has its answer already.
             let _: Override<()> = held.settle(result, &stored).await;
         }));
+    }
+
+    /// COMPLETE of the request's answer: with `replica_ack`, pipelined with
+    /// its `WAIT` (one attempt: a retried COMPLETE could not be waited
+    /// for); without, `complete`.
+    async fn complete_answer(
+        &self,
+        token: u64,
+        stored: &impl ResponseParts,
+        origin: Origin,
+    ) -> Result<Stored, IdemError> {
+        let Some(ack) = self.config.replica_ack else {
+            return self
+                .complete(token, stored, origin)
+                .await
+                .map(|()| Stored::Durable);
+        };
+        let started = Instant::now();
+        let result = self.complete_acknowledged(token, stored, origin, ack).await;
+        self.observer.complete(started.elapsed());
+        result
+    }
+
+    /// COMPLETE and `WAIT` on a dedicated connection; whether enough
+    /// replicas acknowledged is counted and logged here.
+    async fn complete_acknowledged(
+        &self,
+        token: u64,
+        stored: &impl ResponseParts,
+        origin: Origin,
+        ack: ReplicaAck,
+    ) -> Result<Stored, IdemError> {
+        let waited = self
+            .config
+            .client
+            .complete_replicated_parts(self.key, token, stored, origin, ack.replicas, ack.timeout)
+            .await
+            .inspect_err(|err| self.observer.redis_error(RedisOp::Complete, err))?;
+        let (reason, acked) = match waited {
+            Ok(acked) if acked >= ack.replicas => return Ok(Stored::Durable),
+            Ok(acked) => (AckFailure::Missed, acked),
+            Err(err) => {
+                self.observer.redis_error(RedisOp::Wait, &err);
+                tracing::warn!(key = self.key, error = %err, "WAIT after COMPLETE failed");
+                (AckFailure::WaitFailed, 0)
+            }
+        };
+        self.observer.replica_ack_failed(reason);
+        tracing::warn!(
+            key = self.key,
+            acked,
+            wanted = ack.replicas,
+            "the response is stored but too few replicas acknowledged it in time: answering 503, the key kept"
+        );
+        Ok(Stored::Unacknowledged)
     }
 
     /// COMPLETE, retried while Redis is unreachable for a moment.
@@ -249,23 +353,25 @@ where
             Ok(Outcome::Mismatch) => Some(Problem::Mismatch.into_response()),
             Ok(Outcome::New { token }) => {
                 let again = Held { token, ..*self };
-                match again.complete(token, stored, Origin::Handler).await {
-                    Ok(()) => {}
+                match again.complete_answer(token, stored, Origin::Handler).await {
+                    Ok(Stored::Durable) => None,
+                    Ok(Stored::Unacknowledged) => Some(Problem::Unavailable.into_response()),
                     Err(err) if err.is_transient() => {
                         tracing::warn!(key = self.key, error = %err, "could not store the response under a new token yet: retrying in the background");
                         again.store_in_background(stored.to_stored());
+                        again.not_stored()
                     }
                     Err(err) => {
                         tracing::warn!(key = self.key, error = %err, "could not store the response under a new token");
                         again.release().await;
+                        None
                     }
                 }
-                None
             }
             Err(err) => {
                 self.observer.redis_error(RedisOp::Begin, &err);
                 tracing::warn!(key = self.key, error = %err, "BEGIN after a failed COMPLETE failed");
-                None
+                self.not_stored()
             }
         }
     }
