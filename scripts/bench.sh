@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
 ensure_base_packages
-cargo build --release --workspace --examples >/dev/null
+cargo build --release --workspace --bins --examples >/dev/null
 
 # The module twice: as benchmarked (no replica, no AOF: idem builds no
 # effects), and with a replication backlog receiving every effect.

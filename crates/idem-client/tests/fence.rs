@@ -128,6 +128,22 @@ async fn record_effect(tx: &tokio_postgres::Transaction<'_>, fence: &Fence) {
     .expect("effect");
 }
 
+/// Whether `client`'s session is outside a transaction (idle), as `check`
+/// sees it.
+async fn outside_transaction(client: &Client, check: &Client) -> bool {
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    let state: String = check
+        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .expect("state")
+        .get(0);
+    state == "idle"
+}
+
 async fn effects(client: &Client, key: &str) -> Vec<i64> {
     client
         .query("SELECT token FROM effects WHERE key = $1", &[&key])
@@ -784,6 +800,7 @@ async fn a_live_claim_keeps_retries_out_until_its_lease_lapses_and_a_holder_that
         live.commit(tx, &response(10)).await.unwrap(),
         Commit::Committed
     );
+    assert!(outside_transaction(&a, &check).await, "the commit ended it");
     let holder = new_fence(layout, "k", 10, b"fp", TTL).with_lease(lease);
     let retry = new_fence(layout, "k", 20, b"fp", TTL).with_lease(lease);
     assert_eq!(holder.claim(&mut a).await.unwrap(), Claim::Proceed);
@@ -812,6 +829,10 @@ async fn a_live_claim_keeps_retries_out_until_its_lease_lapses_and_a_holder_that
     assert_eq!(
         holder.commit(tx, &response(10)).await.unwrap(),
         Commit::Lost(Claim::Replay(response(20)))
+    );
+    assert!(
+        outside_transaction(&a, &check).await,
+        "the lost commit rolled back"
     );
     assert_eq!(effects(&check, "k").await, vec![20]);
     // A release by the old holder leaves the newer row alone.

@@ -1052,7 +1052,6 @@ fn fence_statements_are_the_rust_constants() {
         ("PARTITIONED_GATE_SQL", fence::PARTITIONED_GATE_SQL),
         ("PARTITIONED_CLAIM_SQL", fence::PARTITIONED_CLAIM_SQL),
         ("ROW_SQL", fence::ROW_SQL),
-        ("WRITE_GATE_SQL", fence::WRITE_GATE_SQL),
         ("COMPLETE_SQL", fence::COMPLETE_SQL),
         ("RENEW_SQL", fence::RENEW_SQL),
         ("RELEASE_SQL", fence::RELEASE_SQL),

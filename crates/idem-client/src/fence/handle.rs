@@ -142,12 +142,14 @@ impl std::fmt::Debug for Fence {
 /// A transaction the fence works in: tokio-postgres' and deadpool's (whose
 /// statement cache keeps the fence's statements prepared per connection).
 ///
-/// The fence pipelines its write gate and the write it guards: it awaits
-/// `cached_statement` of both, then polls their queries in turn, relying on
+/// [`Fence::commit`] pipelines its completion and COMMIT: it awaits
+/// `cached_statement` of the completion, then polls the completion and
+/// `transaction().batch_execute("COMMIT")` in turn, relying on
 /// `cached_statement` answering at its first poll for a statement it has
-/// cached and on `transaction()`'s queries being sent at their first poll
-/// (as tokio-postgres does), so the gate always reaches the server first.
-/// An implementation of its own must keep both.
+/// cached and on `transaction()`'s requests being sent at their first poll
+/// (as tokio-postgres does), so the completion always reaches the server
+/// first. The transaction is not dropped after that COMMIT (its drop would
+/// roll back). An implementation of its own must keep all of this.
 pub trait FenceTransaction<'a>: Send + Sync {
     /// The tokio-postgres transaction the fence's statements run in.
     fn transaction(&self) -> &tokio_postgres::Transaction<'a>;
@@ -390,29 +392,40 @@ impl Fence {
         })
     }
 
-    /// [`Fence::complete`], then commits `tx` (write the business effect in
-    /// `tx` first) and tells the middleware, which then completes Redis with
-    /// this response (`MIRRORED`). When the key was lost, `tx` is rolled
-    /// back, nothing is committed, and the answer is what the key holds (the
+    /// [`Fence::complete`] and COMMIT of `tx` in one round trip (write the
+    /// business effect in `tx` first), then tells the middleware, which
+    /// completes Redis with this response (`MIRRORED`). When the key was
+    /// lost, the completion fails in `tx`, so the COMMIT rolls it back:
+    /// nothing is committed, and the answer is what the key holds (the
     /// middleware answers it in place of the handler's response). On an
     /// error the transaction is rolled back, or its fate is unknown (a failed
     /// COMMIT): either way the middleware stores nothing, and a retry's claim
-    /// finds out.
+    /// finds out. `tx` is the transaction itself, not a savepoint (its COMMIT
+    /// commits the whole transaction).
     pub async fn commit<'a, T: FenceTransaction<'a>>(
         &self,
         tx: T,
         response: &StoredResponse,
     ) -> Result<Commit, IdemError> {
-        match self.complete(&tx, response).await? {
-            Commit::Committed => {}
-            lost => {
-                tx.rollback().await?;
-                return Ok(lost);
+        let written = sql::complete_and_commit(
+            tx,
+            &self.key,
+            &self.fingerprint.stored_hex(),
+            self.token,
+            self.guard(),
+            response,
+        )
+        .await?;
+        Ok(match written {
+            Written::Held => {
+                self.set_report(FenceReport::Committed(response.clone()));
+                Commit::Committed
             }
-        }
-        tx.commit().await?;
-        self.set_report(FenceReport::Committed(response.clone()));
-        Ok(Commit::Committed)
+            Written::Lost(claim) => {
+                self.set_report(FenceReport::Decided(claim.clone()));
+                Commit::Lost(claim)
+            }
+        })
     }
 
     /// For a handler of several phases: confirms in `tx` that this holder

@@ -28,7 +28,7 @@ pub use handle::{Commit, Fence, FenceClient, FenceTransaction, Hold, TableLayout
 #[cfg(feature = "postgres")]
 pub use sql::{
     CLAIM_SQL, COMPLETE_SQL, PARTITIONED_CLAIM_SQL, PARTITIONED_GATE_SQL, RELEASE_SQL, RENEW_SQL,
-    ROW_SQL, WRITE_GATE_SQL,
+    ROW_SQL,
 };
 
 use crate::StoredResponse;

@@ -1,8 +1,8 @@
 //! The fence's SQL protocol on `idempotency_keys` (the writer's table): the
 //! claim (a non-blocking gate plus a token-guarded upsert of the
 //! `in_progress` row and its lease), the look at a row the claim did not
-//! take, the gate a completion takes, the completion, the lease's renewal
-//! and the release. docs/fence.md describes the same statements for other
+//! take, the completion and the lease's renewal (each taking the gate,
+//! waiting), and the release. docs/fence.md describes the same statements for other
 //! languages and shows them from here: the `// ANCHOR` lines mark what it
 //! includes.
 
@@ -134,43 +134,63 @@ FROM idempotency_keys WHERE key = $1
 ";
 // ANCHOR_END: row
 
-// ANCHOR: write_gate
-/// The first statement of a fenced write in the caller's transaction (the
-/// completion, a lease renewal): bounds how long the transaction may wait
-/// for a lock (`$2`, `lock_timeout`) and stay idle (`$3`,
-/// `idle_in_transaction_session_timeout`), each when not NULL, then takes
-/// the key's gate, waiting (claims hold it for one statement). From here to
-/// commit or rollback every claim of the key answers "in flight" at once,
-/// and a caller that vanished holds it no longer than `$3`.
-pub const WRITE_GATE_SQL: &str = "
-SELECT CASE WHEN $2::text IS NOT NULL THEN set_config('lock_timeout', $2, true) END,
-       CASE WHEN $3::text IS NOT NULL
-            THEN set_config('idle_in_transaction_session_timeout', $3, true) END,
-       pg_advisory_xact_lock(hashtextextended($1, 1768187245))
-";
-// ANCHOR_END: write_gate
-
 // ANCHOR: complete
-/// Stores the response on the key's `in_progress` row held with this token,
-/// marked `fenced`: the writer's upsert leaves it as it is while it is
-/// unexpired. `$1` key, `$2` token, `$3` status, `$4` body, `$5` headers
-/// (flat).
+/// A fenced completion in the caller's transaction, one statement: bounds
+/// how long the transaction may wait for a lock (`lock_timeout`) and stay
+/// idle (`idle_in_transaction_session_timeout`) by `$6` (milliseconds; NULL
+/// leaves the session's), takes the key's gate, waiting (claims hold it for
+/// one statement; from here to commit or rollback every claim of the key
+/// answers "in flight" at once, and a caller that vanished holds it no
+/// longer than `$6`), then stores the response on the key's `in_progress`
+/// row held with this token, marked `fenced` (the writer's upsert leaves it
+/// as it is while it is unexpired). The gate is a join input of the update,
+/// so it is taken before the row is locked, as a claim takes them.
+///
+/// Answers `held`. With `$7` true, a row not held fails the statement
+/// instead (a cast error naming the fence): the transaction is aborted, so
+/// a COMMIT sent behind it in the same round trip rolls back.
+///
+/// `$1` key, `$2` token, `$3` status, `$4` body, `$5` headers (flat),
+/// `$6` timeouts, `$7` fail when not held.
 pub const COMPLETE_SQL: &str = "
-UPDATE idempotency_keys SET
-    status = 'completed', response_status = $3, response_body = $4,
-    response_headers = $5, completed_at = now(), fenced = true
-WHERE key = $1 AND token = $2 AND status = 'in_progress'
-RETURNING 1
+WITH gate AS MATERIALIZED (
+    SELECT CASE WHEN $6::text IS NOT NULL THEN set_config('lock_timeout', $6, true) END,
+           CASE WHEN $6::text IS NOT NULL
+                THEN set_config('idle_in_transaction_session_timeout', $6, true) END,
+           pg_advisory_xact_lock(hashtextextended($1, 1768187245))
+), done AS (
+    UPDATE idempotency_keys AS t SET
+        status = 'completed', response_status = $3, response_body = $4,
+        response_headers = $5, completed_at = now(), fenced = true
+    FROM gate
+    WHERE t.key = $1 AND t.token = $2 AND t.status = 'in_progress'
+    RETURNING 1
+)
+SELECT CASE WHEN held OR NOT $7 THEN held
+            ELSE ('idem fence: the key is not held with this token: ' || held)::boolean END
+FROM (SELECT count(*) = 1 AS held FROM done) AS d
 ";
 // ANCHOR_END: complete
 
 // ANCHOR: renew
-/// Extends the lease of the key's `in_progress` row held with this token:
-/// `$1` key, `$2` token, `$3` lease in seconds from now.
+/// Extends the lease of the key's `in_progress` row held with this token,
+/// the gate taken first as [`COMPLETE_SQL`] takes it (so nobody takes the
+/// key over before the transaction ends): `$1` key, `$2` token, `$3` lease
+/// in seconds from now, `$4` timeouts as `COMPLETE_SQL`'s `$6`. Answers
+/// `held`.
 pub const RENEW_SQL: &str = "
-UPDATE idempotency_keys SET lease_expires_at = now() + make_interval(secs => $3)
-WHERE key = $1 AND token = $2 AND status = 'in_progress'
-RETURNING 1
+WITH gate AS MATERIALIZED (
+    SELECT CASE WHEN $4::text IS NOT NULL THEN set_config('lock_timeout', $4, true) END,
+           CASE WHEN $4::text IS NOT NULL
+                THEN set_config('idle_in_transaction_session_timeout', $4, true) END,
+           pg_advisory_xact_lock(hashtextextended($1, 1768187245))
+), renewed AS (
+    UPDATE idempotency_keys AS t SET lease_expires_at = now() + make_interval(secs => $3)
+    FROM gate
+    WHERE t.key = $1 AND t.token = $2 AND t.status = 'in_progress'
+    RETURNING 1
+)
+SELECT count(*) = 1 FROM renewed
 ";
 // ANCHOR_END: renew
 
@@ -265,13 +285,15 @@ const PARTITIONED_CLAIM_TYPES: &[Type] = &[
 const GATE_TYPES: &[Type] = &[Type::TEXT, Type::TEXT, Type::TEXT];
 const KEY_TYPES: &[Type] = &[Type::TEXT];
 const KEY_TOKEN_TYPES: &[Type] = &[Type::TEXT, Type::INT8];
-const RENEW_TYPES: &[Type] = &[Type::TEXT, Type::INT8, Type::FLOAT8];
+const RENEW_TYPES: &[Type] = &[Type::TEXT, Type::INT8, Type::FLOAT8, Type::TEXT];
 const COMPLETE_TYPES: &[Type] = &[
     Type::TEXT,
     Type::INT8,
     Type::INT4,
     Type::BYTEA,
     Type::BYTEA_ARRAY,
+    Type::TEXT,
+    Type::BOOL,
 ];
 
 /// Where the fence's statements run: a transaction or a connection, with a
@@ -586,43 +608,14 @@ fn claim_error(error: tokio_postgres::Error) -> IdemError {
     error.into()
 }
 
-/// A fenced write in `tx`: the write gate ([`WRITE_GATE_SQL`]) and then
-/// `sql` (a statement guarded by the key and token, answering a row when it
-/// wrote), pipelined: one round trip for both. The server runs them in the
-/// order sent, and both are prepared first (a connection's first use of a
-/// statement prepares it in a round trip of its own), so the gate is always
-/// sent, and taken, before `sql` locks the row: a claim takes the gate
-/// before the row, and the opposite order could deadlock with it. When the
-/// gate fails (`lock_timeout`), `sql` fails in the aborted transaction and
-/// the gate's error is the one returned.
-async fn gated_write<E: Exec + ?Sized>(
-    tx: &E,
-    key: &str,
-    guard: Guard,
-    sql: &'static str,
-    types: &'static [Type],
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<bool, IdemError> {
-    let idle = guard.idle();
-    tx.prepare(WRITE_GATE_SQL, GATE_TYPES).await?;
-    tx.prepare(sql, types).await?;
-    let gate_params: [&(dyn ToSql + Sync); 3] = [&key, &idle, &idle];
-    let gate = tx.query(WRITE_GATE_SQL, GATE_TYPES, &gate_params);
-    let write = tx.query(sql, types, params);
-    // `join` polls the gate first: its first poll sends it.
-    let (gate, write) = futures_util::future::join(gate, write).await;
-    gate?;
-    Ok(write?.len() == 1)
-}
-
 /// After a fenced write found no row held with `token`: what the key holds.
 async fn lost<E: Exec + ?Sized>(
-    tx: &E,
+    exec: &E,
     key: &str,
     fingerprint_hex: &str,
     token: i64,
 ) -> Result<Written, IdemError> {
-    let claim = match existing(tx, key).await? {
+    let claim = match existing(exec, key).await? {
         Some(row) => match decide(row, fingerprint_hex, token) {
             // Completed with this very token: an earlier completion of ours.
             Claim::Proceed => Claim::InFlight,
@@ -631,6 +624,27 @@ async fn lost<E: Exec + ?Sized>(
         None => Claim::InFlight,
     };
     Ok(Written::Lost(claim))
+}
+
+/// [`COMPLETE_SQL`]'s first five parameters, owned for the call.
+struct Completion<'r> {
+    status: i32,
+    body: &'r [u8],
+    headers: Vec<&'r [u8]>,
+}
+
+impl<'r> Completion<'r> {
+    fn new(response: &'r StoredResponse) -> Self {
+        Completion {
+            status: i32::from(response.status),
+            body: &response.body,
+            headers: response
+                .headers
+                .iter()
+                .flat_map(|(name, value)| [name.as_bytes(), value.as_ref()])
+                .collect(),
+        }
+    }
 }
 
 /// Stores `response` on the row held with `token`, in `tx` (the gate taken
@@ -643,19 +657,69 @@ pub(crate) async fn complete<E: Exec>(
     guard: Guard,
     response: &StoredResponse,
 ) -> Result<Written, IdemError> {
-    let status = i32::from(response.status);
-    let body: &[u8] = &response.body;
-    let headers: Vec<&[u8]> = response
-        .headers
-        .iter()
-        .flat_map(|(name, value)| [name.as_bytes(), value.as_ref()])
-        .collect();
-    let params: [&(dyn ToSql + Sync); 5] = [&key, &token, &status, &body, &headers];
-    if gated_write(tx, key, guard, COMPLETE_SQL, COMPLETE_TYPES, &params).await? {
+    let c = Completion::new(response);
+    let (idle, fail) = (guard.idle(), false);
+    let params: [&(dyn ToSql + Sync); 7] =
+        [&key, &token, &c.status, &c.body, &c.headers, &idle, &fail];
+    let rows = tx.query(COMPLETE_SQL, COMPLETE_TYPES, &params).await?;
+    if first_column(&rows, "completion")? {
         Ok(Written::Held)
     } else {
         lost(tx, key, fingerprint_hex, token).await
     }
+}
+
+/// [`complete`], then COMMIT, sent together: one round trip. The
+/// completion fails when the row is not held (`$7`), which aborts `tx`, so
+/// the COMMIT behind it rolls back and nothing of `tx` is committed; the
+/// key's row is then read outside it. Either way COMMIT ends `tx`: it is
+/// not rolled back on drop. `tx` must be the transaction itself, not a
+/// savepoint: its COMMIT commits the whole transaction.
+pub(crate) async fn complete_and_commit<'a, T: FenceTransaction<'a>>(
+    tx: T,
+    key: &str,
+    fingerprint_hex: &str,
+    token: i64,
+    guard: Guard,
+    response: &StoredResponse,
+) -> Result<Written, IdemError> {
+    // Prepared first: a connection's first use of a statement prepares it
+    // in a round trip of its own, and the completion must reach the server
+    // before the COMMIT.
+    tx.prepare(COMPLETE_SQL, COMPLETE_TYPES).await?;
+    // From here COMMIT is sent: dropping `tx` would send a ROLLBACK after it.
+    let tx = std::mem::ManuallyDrop::new(tx);
+    let c = Completion::new(response);
+    let (idle, fail) = (guard.idle(), true);
+    let params: [&(dyn ToSql + Sync); 7] =
+        [&key, &token, &c.status, &c.body, &c.headers, &idle, &fail];
+    let completion = tx.query(COMPLETE_SQL, COMPLETE_TYPES, &params);
+    let commit = tx.transaction().batch_execute("COMMIT");
+    // `join` polls the completion first: its first poll sends it.
+    let (completion, commit) = futures_util::future::join(completion, commit).await;
+    match completion {
+        Ok(rows) => {
+            // Held (a row not held fails the statement): committed unless
+            // the COMMIT failed.
+            commit?;
+            first_column(&rows, "completion")?;
+            Ok(Written::Held)
+        }
+        Err(err) if is_not_held(&err) => {
+            commit?;
+            lost(&*tx, key, fingerprint_hex, token).await
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The failure [`COMPLETE_SQL`] makes when asked to (`$7`) and the row is
+/// not held with the token.
+fn is_not_held(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|db| {
+        *db.code() == tokio_postgres::error::SqlState::INVALID_TEXT_REPRESENTATION
+            && db.message().contains("idem fence: the key is not held")
+    })
 }
 
 /// Extends the lease of the row held with `token`, in `tx` (the gate taken
@@ -668,8 +732,10 @@ pub(crate) async fn renew<E: Exec>(
     guard: Guard,
     lease_secs: f64,
 ) -> Result<Written, IdemError> {
-    let params: [&(dyn ToSql + Sync); 3] = [&key, &token, &lease_secs];
-    if gated_write(tx, key, guard, RENEW_SQL, RENEW_TYPES, &params).await? {
+    let idle = guard.idle();
+    let params: [&(dyn ToSql + Sync); 4] = [&key, &token, &lease_secs, &idle];
+    let rows = tx.query(RENEW_SQL, RENEW_TYPES, &params).await?;
+    if first_column(&rows, "renewal")? {
         Ok(Written::Held)
     } else {
         lost(tx, key, fingerprint_hex, token).await

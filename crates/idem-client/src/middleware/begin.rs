@@ -104,23 +104,22 @@ where
     let request_fence = config.request_fence(key, token, fingerprint);
     let pool = read_through.pool();
     let timeout = read_through.timeout();
-    // The claim runs in a task of its own: when it outlasts `timeout`, or
-    // fails with its fate unknown, it is given up only once it has ended (a
-    // release sent meanwhile on another connection could run before the
-    // claim commits, and the key would answer 409 for the whole lease).
-    let mut claiming = {
+    // When the claim outlasts `timeout`, or fails with its fate unknown, it
+    // is given up only once it has ended (a release sent meanwhile on
+    // another connection could run before the claim commits, and the key
+    // would answer 409 for the whole lease): a claim timed out moves into a
+    // task that finishes it, then releases. (Polled here, not spawned: the
+    // request's flow itself finishes in a task of its own when dropped.)
+    let mut claiming: ClaimFuture = {
         let (fence, pool) = (request_fence.fence.clone(), pool.clone());
-        tokio::spawn(async move { fence.claim(&pool).await })
+        Box::pin(async move { fence.claim(&pool).await })
     };
     let claim = match tokio::time::timeout(timeout, &mut claiming).await {
-        Ok(Ok(Ok(claim))) => Ok(claim),
-        Ok(Ok(Err(err))) => {
+        Ok(Ok(claim)) => Ok(claim),
+        Ok(Err(err)) => {
             release_in_background(pool, key, token, None);
             Err(err)
         }
-        Ok(Err(join)) => Err(IdemError::Postgres(format!(
-            "the fence's claim failed: {join}"
-        ))),
         Err(_) => {
             release_in_background(pool, key, token, Some(claiming));
             Err(IdemError::Postgres(format!(
@@ -155,6 +154,10 @@ where
     outcome.map(|outcome| (outcome, None))
 }
 
+/// A durable claim under way.
+#[cfg(feature = "postgres")]
+type ClaimFuture = futures_util::future::BoxFuture<'static, Result<crate::fence::Claim, IdemError>>;
+
 /// Gives up the claim of `key` with `token` in a task of its own, once the
 /// claim (when still running) has ended.
 #[cfg(feature = "postgres")]
@@ -162,7 +165,7 @@ fn release_in_background(
     pool: &deadpool_postgres::Pool,
     key: &str,
     token: u64,
-    claiming: Option<tokio::task::JoinHandle<Result<crate::fence::Claim, IdemError>>>,
+    claiming: Option<ClaimFuture>,
 ) {
     let (pool, key) = (pool.clone(), key.to_owned());
     tokio::spawn(async move {
