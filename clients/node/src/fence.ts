@@ -6,7 +6,7 @@
 // effect and the authoritative record commit or roll back together whatever
 // Redis forgets, and no transaction spans a foreign call. The statements are
 // the Rust crate's, read from spec/fence.json and run as written.
-import type { ClientBase, Pool } from "pg";
+import type { ClientBase, Pool, QueryResult } from "pg";
 import * as spec from "./spec.js";
 import { PostgresError } from "./errors.js";
 import { downstreamKeyOf, storedHex } from "./fingerprint.js";
@@ -49,7 +49,15 @@ export interface FenceOptions {
 }
 
 const inFlight = (): InFlight => ({ kind: "in_flight", retryAfterMs: spec.http().defaults.fence_retry_after_ms });
-const sql = (name: Statement): string => spec.fence().statements[name].sql;
+
+/** The query of statement `name` of spec/fence.json with `values`, one per parameter it names (rows as arrays). */
+function statement(name: Statement, values: unknown[]): { text: string; values: unknown[]; rowMode: "array" } {
+  const { sql, params } = spec.fence().statements[name];
+  if (values.length !== params.length) {
+    throw new PostgresError(`spec/fence.json's ${name} takes ${params.length} parameters (${params.join(", ")}), not ${values.length}`);
+  }
+  return { text: sql, values, rowMode: "array" };
+}
 const ms = (v: number | null): string | null => (v === null ? null : String(Math.max(1, Math.round(v))));
 
 /**
@@ -141,6 +149,32 @@ function requireStatus(conn: ClientBase, wanted: "I" | "T", call: string): void 
   );
 }
 
+/** Whether node-postgres sends `conn`'s queries without waiting for the answer before (its pipeline mode). */
+function pipelined(conn: ClientBase): boolean {
+  return (conn as { pipeline?: unknown }).pipeline === true;
+}
+
+/**
+ * The failure COMPLETE_SQL makes when asked to (fail_when_not_held) and the row is not held with the token: a cast
+ * error naming the fence (spec/fence.json statements.complete.answers).
+ */
+const NOT_HELD = { sqlstate: "22P02", message: "idem fence: the key is not held" };
+
+function isNotHeld(err: unknown): boolean {
+  return sqlstate(err) === NOT_HELD.sqlstate && describe(err).includes(NOT_HELD.message);
+}
+
+/**
+ * Checks how the server answered a COMMIT: `expected` is COMMIT after a completion that answered, ROLLBACK after one
+ * that failed (the server answers ROLLBACK to a COMMIT of an aborted transaction). `failure` is the completion's.
+ */
+function ended(result: QueryResult, expected: "COMMIT" | "ROLLBACK", failure?: unknown): void {
+  if (result.command === expected) return;
+  if (expected === "COMMIT") throw new PostgresError(`COMMIT was answered ${result.command}: nothing was committed`);
+  // Only a failure node-postgres made itself (the server never aborted the transaction) can get here.
+  throw new PostgresError(`${describe(failure)}, and the COMMIT sent behind it was answered ${result.command}`, { cause: failure });
+}
+
 /** The fence of one request. The middleware hands one to every request it runs. */
 export class Fence {
   readonly key: string;
@@ -171,8 +205,9 @@ export class Fence {
   }
 
   private async raw(conn: ClientBase | Pool, name: Statement | "read_committed", params: unknown[]): Promise<unknown[] | undefined> {
-    const text = name === "read_committed" ? "SET TRANSACTION ISOLATION LEVEL READ COMMITTED" : sql(name);
-    const result = await conn.query({ text, values: params, rowMode: "array" });
+    const query =
+      name === "read_committed" ? { text: "SET TRANSACTION ISOLATION LEVEL READ COMMITTED", rowMode: "array" as const } : statement(name, params);
+    const result = await conn.query(query);
     return result.rows[0] as unknown[] | undefined;
   }
 
@@ -221,7 +256,7 @@ export class Fence {
     let claim: Claim;
     try {
       if (this.layout === "unpartitioned") {
-        // One statement, committed on its own (synchronous_commit off: the write gate orders what follows).
+        // One statement, committed on its own (synchronous_commit off: the completion's gate orders what follows).
         claim = await this.claimOn(source, "off", null);
       } else {
         // The partitioned layout's two statements: a short transaction of their own at READ COMMITTED
@@ -267,27 +302,13 @@ export class Fence {
     return this.after(claim);
   }
 
-  /**
-   * The write gate, then `name` (guarded by the key and token; a row when it wrote). On a client in node-postgres'
-   * pipeline mode (`pipeline: true` in its or its pool's config) both go out at once, the gate first (queries are
-   * sent in the order they are made, each parsed unnamed in its own message sequence): one round trip. The server
-   * runs them in that order, so the gate is taken before the row is locked, as a claim takes them; when the gate
-   * fails (lock_timeout) `name` fails in the aborted transaction and the gate's error is thrown. Otherwise
-   * node-postgres sends a query only once the one before has answered: two round trips.
-   */
-  private async write(conn: ClientBase, name: "complete" | "renew", params: unknown[]): Promise<Held | Lost> {
-    const idle = ms(this.idleTimeoutMs);
-    let written: unknown[] | undefined;
-    if ((conn as { pipeline?: unknown }).pipeline === true) {
-      const [gate, write] = await Promise.allSettled([this.raw(conn, "write_gate", [this.key, idle, idle]), this.raw(conn, name, params)]);
-      if (gate.status === "rejected") throw gate.reason;
-      if (write.status === "rejected") throw write.reason;
-      written = write.value;
-    } else {
-      await this.raw(conn, "write_gate", [this.key, idle, idle]);
-      written = await this.raw(conn, name, params);
-    }
-    if (written !== undefined) return { kind: "held" };
+  /** COMPLETE_SQL's parameters: `fail` makes a row not held fail the statement (and so abort the transaction). */
+  private completion(response: StoredResponse, fail: boolean): unknown[] {
+    return [this.key, this.token.toString(), response.status, response.body, flat(response), ms(this.idleTimeoutMs), fail];
+  }
+
+  /** After a fenced write found no row held with this token: what the key holds (a Proceed there is InFlight). */
+  private async lost(conn: ClientBase): Promise<Lost> {
     const row = await this.raw(conn, "row", [this.key]);
     const claim = decide(toRow(this.key, row), this.fingerprintHex, this.token);
     const lost: Lost = { kind: "lost", claim: claim.kind === "proceed" ? inFlight() : claim };
@@ -295,54 +316,101 @@ export class Fence {
     return lost;
   }
 
-  /** Writes the response into the key's row in the caller's open transaction, if this holder still holds it; on Lost roll back. */
-  async complete(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
-    requireStatus(conn, "T", "complete");
-    const params = [this.key, this.token.toString(), response.status, response.body, flat(response)];
-    let written: Held | Lost;
+  /** `name` ("complete" with fail_when_not_held false, or "renew") in the caller's transaction: held, or Lost. */
+  private async write(conn: ClientBase, name: "complete" | "renew", params: unknown[]): Promise<Held | Lost> {
     try {
-      written = await this.write(conn, "complete", params);
+      const [held] = (await this.raw(conn, name, params)) ?? [];
+      return held === true ? { kind: "held" } : await this.lost(conn);
     } catch (err) {
       throw new PostgresError(describe(err), { cause: err });
     }
+  }
+
+  /**
+   * Writes the response into the key's row in the caller's open transaction, if this holder still holds it (the
+   * key's gate taken first, waiting: from here to the transaction's end every claim of the key answers in flight);
+   * on Lost roll back.
+   */
+  async complete(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
+    requireStatus(conn, "T", "complete");
+    const written = await this.write(conn, "complete", this.completion(response, false));
     return written.kind === "held" ? { kind: "committed" } : written;
   }
 
   /**
-   * complete, then COMMIT of the client's open transaction (write the effect in it first, after BEGIN) and
-   * tells the middleware; on Lost, ROLLBACK.
+   * complete and COMMIT of the client's open transaction (write the effect in it first, after BEGIN; the transaction
+   * itself, not a savepoint), then tells the middleware; on Lost nothing is committed. Either way, and on a
+   * PostgresError, the client is left outside any transaction (unless its connection broke).
+   *
+   * On a client in node-postgres' pipeline mode (`pipeline: true` in its or its pool's config) the completion and
+   * COMMIT go out at once, in that order (each query its own message sequence, with its own Sync): one round trip.
+   * The completion is asked to fail when the row is not held, which aborts the transaction, so the server answers
+   * the COMMIT behind it with ROLLBACK; the key's row is then read outside the transaction. Otherwise node-postgres
+   * sends a query only once the one before has answered: the completion, then COMMIT, or on Lost the row and
+   * ROLLBACK.
    */
   async commit(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
     requireStatus(conn, "T", "commit"); // refused: the caller's transaction, if any, is left as it is
-    let result: Committed | Lost;
+    const result = pipelined(conn) ? await this.commitPipelined(conn, response) : await this.commitInTurn(conn, response);
+    if (result.kind === "committed") this.report?.set("committed", { committed: response });
+    return result;
+  }
+
+  private async commitPipelined(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
+    let query;
     try {
-      result = await this.complete(conn, response);
+      query = statement("complete", this.completion(response, true));
+    } catch (err) {
+      await conn.query("ROLLBACK").catch(() => undefined);
+      throw err;
+    }
+    // Both queries are made in this tick, so node-postgres writes them in this order before any answer.
+    const [completion, commit] = await Promise.allSettled([conn.query(query), conn.query("COMMIT")]);
+    if (completion.status === "fulfilled") {
+      // A row not held fails the statement, so it answered held: committed, unless COMMIT failed.
+      if (commit.status === "rejected") throw new PostgresError(describe(commit.reason), { cause: commit.reason });
+      ended(commit.value, "COMMIT");
+      return { kind: "committed" };
+    }
+    // The completion failed: the server answers the COMMIT behind it with ROLLBACK (an aborted transaction).
+    // A COMMIT that failed too means the connection did: the server rolls back when it goes.
+    if (commit.status === "rejected") throw new PostgresError(describe(completion.reason), { cause: completion.reason });
+    ended(commit.value, "ROLLBACK", completion.reason);
+    if (!isNotHeld(completion.reason)) throw new PostgresError(describe(completion.reason), { cause: completion.reason });
+    try {
+      return await this.lost(conn); // the row, read outside the transaction
+    } catch (err) {
+      throw new PostgresError(describe(err), { cause: err });
+    }
+  }
+
+  private async commitInTurn(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
+    let written: Held | Lost;
+    try {
+      written = await this.write(conn, "complete", this.completion(response, false));
     } catch (err) {
       await conn.query("ROLLBACK").catch(() => undefined);
       throw err;
     }
     try {
-      if (result.kind === "lost") {
+      if (written.kind === "lost") {
         await conn.query("ROLLBACK");
-        return result;
+        return written;
       }
-      await conn.query("COMMIT");
+      ended(await conn.query("COMMIT"), "COMMIT");
     } catch (err) {
-      throw new PostgresError(describe(err), { cause: err });
+      throw err instanceof PostgresError ? err : new PostgresError(describe(err), { cause: err });
     }
-    this.report?.set("committed", { committed: response });
-    return result;
+    return { kind: "committed" };
   }
 
-  /** Confirms in the caller's transaction that the key is still this holder's and renews its lease; it stays held until the transaction ends. */
+  /**
+   * Confirms in the caller's transaction that the key is still this holder's and renews its lease, the key's gate
+   * taken first as complete takes it: it stays held until the transaction ends. On Lost roll back.
+   */
   async hold(conn: ClientBase): Promise<Held | Lost> {
     requireStatus(conn, "T", "hold");
-    let held: Held | Lost;
-    try {
-      held = await this.write(conn, "renew", [this.key, this.token.toString(), this.leaseMs / 1000]);
-    } catch (err) {
-      throw new PostgresError(describe(err), { cause: err });
-    }
+    const held = await this.write(conn, "renew", [this.key, this.token.toString(), this.leaseMs / 1000, ms(this.idleTimeoutMs)]);
     // A phase may commit effects: from here the middleware no longer releases the claim (a retry waits for its lease).
     if (held.kind === "held") this.report?.set("claimed");
     return held;

@@ -86,7 +86,7 @@ export interface HttpSpec {
 export interface FenceSpec {
   lock_seed: number;
   statements: Record<
-    "claim" | "partitioned_gate" | "partitioned_claim" | "row" | "write_gate" | "complete" | "renew" | "release",
+    "claim" | "partitioned_gate" | "partitioned_claim" | "row" | "complete" | "renew" | "release",
     { params: string[]; sql: string }
   >;
 }

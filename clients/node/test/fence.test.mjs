@@ -279,11 +279,11 @@ async function delayingProxy(url, delayMs) {
   };
 }
 
-const GATE_TEXT = "pg_advisory_xact_lock(hashtextextended";
 const COMPLETE_TEXT = "status = 'completed'";
+const COMMIT_TEXT = "COMMIT";
 
-/** Claims a new key directly, then completes it through the proxy on a client of a pool made with `pipeline`; the time complete took. */
-async function completeThrough(proxy, pipeline) {
+/** Claims a new key directly, pays and commits it through the proxy on a client of a pool made with `pipeline`; the time commit took. */
+async function commitThrough(proxy, pipeline) {
   const pool = dbs.unpartitioned.pool();
   const k = key();
   const holder = new idem.Fence(k, token(), fp("fp"), 60_000);
@@ -295,69 +295,158 @@ async function completeThrough(proxy, pipeline) {
     try {
       assert.equal(conn.pipeline, pipeline);
       await conn.query("BEGIN");
+      await pay(conn, k);
       const started = performance.now();
-      assert.deepEqual(await holder.complete(conn, CREATED), COMMITTED);
+      assert.deepEqual(await holder.commit(conn, CREATED), COMMITTED);
       const took = performance.now() - started;
-      await conn.query("COMMIT");
+      assert.equal(conn.getTransactionStatus(), "I");
       return took;
     } finally {
       conn.release();
     }
   } finally {
     await proxied.end();
+    assert.equal(await payments(pool, k), 1);
   }
 }
 
-test("the write gate and COMPLETE go out in one round trip on a pipelined client, one after the other otherwise", async (t) => {
+test("commit: the completion and COMMIT go out in one round trip on a pipelined client, one after the other otherwise", async (t) => {
   const delayMs = 30;
   const proxy = await delayingProxy(dbs.unpartitioned.url, delayMs);
   try {
     const times = { pipelined: [], sequential: [] };
     for (let i = 0; i < 5; i++) {
       proxy.events.length = 0;
-      times.pipelined.push(await completeThrough(proxy, true));
-      assert.equal(proxy.answersBetween(GATE_TEXT, COMPLETE_TEXT), 0, "COMPLETE sent before any answer to the gate");
+      times.pipelined.push(await commitThrough(proxy, true));
+      assert.equal(proxy.answersBetween(COMPLETE_TEXT, COMMIT_TEXT), 0, "COMMIT sent before any answer to the completion");
       proxy.events.length = 0;
-      times.sequential.push(await completeThrough(proxy, false));
-      assert.ok(proxy.answersBetween(GATE_TEXT, COMPLETE_TEXT) >= 1, "COMPLETE sent after the gate's answer");
+      times.sequential.push(await commitThrough(proxy, false));
+      assert.ok(proxy.answersBetween(COMPLETE_TEXT, COMMIT_TEXT) >= 1, "COMMIT sent after the completion's answer");
     }
     const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
     // Each round trip waits out the proxy's delay at least once.
     assert.ok(Math.min(...times.sequential) >= 2 * delayMs, JSON.stringify(times));
-    t.diagnostic(`complete with ${delayMs} ms added per server answer, median of 5: pipelined ${median(times.pipelined).toFixed(1)} ms, one at a time ${median(times.sequential).toFixed(1)} ms`);
+    t.diagnostic(`commit with ${delayMs} ms added per server answer, median of 5: pipelined ${median(times.pipelined).toFixed(1)} ms, one at a time ${median(times.sequential).toFixed(1)} ms`);
   } finally {
     await proxy.close();
   }
 });
 
-test("pipelined: a gate that cannot be taken in time fails the write with the gate's error and writes nothing", async () => {
-  const pool = dbs.unpartitioned.pool();
-  const k = key();
-  const holder = new idem.Fence(k, token(), fp("fp"), 60_000, { idleTimeoutMs: 200 });
-  assert.deepEqual(await holder.claim(pool), PROCEED);
-  // Another transaction holds the key's gate.
-  const blocker = await pool.connect();
-  const pipelined = new pg.Pool({ connectionString: dbs.unpartitioned.url, max: 1, pipeline: true });
-  try {
-    await blocker.query("BEGIN");
-    await blocker.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, ${loadSpecLockSeed()}))`, [k]);
-    const conn = await pipelined.connect();
+/** The session state of `conn`'s backend as another connection sees it ('idle': outside any transaction). */
+async function sessionState(pool, conn) {
+  const { rows } = await pool.query("SELECT state FROM pg_stat_activity WHERE pid = $1", [conn.processID]);
+  return rows[0]?.state ?? null;
+}
+
+for (const pipeline of [true, false]) {
+  const path = pipeline ? "pipelined" : "plain";
+
+  test(`${path}: a lost commit commits nothing and leaves the session outside any transaction`, async () => {
+    const pool = dbs.unpartitioned.pool();
+    const client = dbs.unpartitioned.pool(1, { pipeline });
+    const k = key();
+    const slow = new idem.Fence(k, token(), fp("fp"), 60_000, { leaseMs: 300, idleTimeoutMs: 10_000 });
+    assert.deepEqual(await slow.claim(pool), PROCEED);
+    await sleep(400);
+    const retry = new idem.Fence(k, token(), fp("fp"), 60_000, { leaseMs: 30_000 });
+    assert.deepEqual(await retry.claim(pool), PROCEED);
+    const answer = idem.storedResponse(201, "retry");
+    const conn = await client.connect();
     try {
+      assert.equal(conn.pipeline, pipeline);
+      // Lost to a live claim, then to the retry's completed row.
+      for (const [expected, then] of [[IN_FLIGHT, () => retry], [{ kind: "replay", response: answer }, null]]) {
+        await conn.query("BEGIN");
+        await pay(conn, k);
+        assert.deepEqual(await slow.commit(conn, CREATED), { kind: "lost", claim: expected });
+        assert.equal(conn.getTransactionStatus(), "I", "node-postgres: outside any transaction");
+        assert.equal(await sessionState(pool, conn), "idle", "the server: outside any transaction");
+        assert.equal(await payments(pool, k), 0, "the lost holder's payment rolled back");
+        if (then !== null) {
+          await inTransaction(pool, async (c) => assert.deepEqual(await then().commit(c, answer), COMMITTED));
+        }
+      }
+      assert.deepEqual(await keyRow(pool, k), ["completed", retry.token.toString()]);
+      // The session still works: a held commit on it commits.
+      const next = key();
+      const holder = new idem.Fence(next, token(), fp("fp"), 60_000);
+      assert.deepEqual(await holder.claim(pool), PROCEED);
       await conn.query("BEGIN");
-      const err = await holder.complete(conn, CREATED).then(() => null, (e) => e);
-      assert.ok(err instanceof idem.PostgresError, String(err));
-      assert.equal(err.cause?.code, "55P03", `the gate's lock timeout, not the aborted COMPLETE: ${err.message}`);
-      await conn.query("ROLLBACK");
+      await pay(conn, next);
+      assert.deepEqual(await holder.commit(conn, CREATED), COMMITTED);
+      assert.equal(await sessionState(pool, conn), "idle");
+      assert.equal(await payments(pool, next), 1);
     } finally {
       conn.release();
     }
+  });
+
+  test(`${path}: a completion whose gate cannot be taken in time fails commit with its error, commits nothing and ends the transaction`, async () => {
+    const pool = dbs.unpartitioned.pool();
+    const client = dbs.unpartitioned.pool(1, { pipeline });
+    const k = key();
+    const holder = new idem.Fence(k, token(), fp("fp"), 60_000, { idleTimeoutMs: 200 });
+    assert.deepEqual(await holder.claim(pool), PROCEED);
+    // Another transaction holds the key's gate.
+    const blocker = await pool.connect();
+    try {
+      await blocker.query("BEGIN");
+      await blocker.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, ${loadSpecLockSeed()}))`, [k]);
+      const conn = await client.connect();
+      try {
+        await conn.query("BEGIN");
+        await pay(conn, k);
+        const err = await holder.commit(conn, CREATED).then(() => null, (e) => e);
+        assert.ok(err instanceof idem.PostgresError, String(err));
+        assert.equal(err.cause?.code, "55P03", `the completion's lock timeout: ${err.message}`);
+        assert.equal(await sessionState(pool, conn), "idle", "the transaction ended");
+      } finally {
+        conn.release();
+      }
+    } finally {
+      await blocker.query("ROLLBACK");
+      blocker.release();
+    }
+    assert.deepEqual(await keyRow(pool, k), ["in_progress", holder.token.toString()], "nothing written");
+    assert.equal(await payments(pool, k), 0);
+  });
+}
+
+test("hold: renews the lease and holds the key's gate until the phase's transaction ends; lost, it answers what the key holds", async () => {
+  const pool = dbs.unpartitioned.pool();
+  const k = key();
+  const holder = new idem.Fence(k, token(), fp("fp"), 60_000, { leaseMs: 300, idleTimeoutMs: 5000 });
+  assert.deepEqual(await holder.claim(pool), PROCEED);
+  const conn = await pool.connect();
+  try {
+    await conn.query("BEGIN");
+    assert.deepEqual(await holder.hold(conn), { kind: "held" });
+    const { rows } = await conn.query("SELECT current_setting('idle_in_transaction_session_timeout') AS idle, current_setting('lock_timeout') AS lock");
+    assert.deepEqual(rows[0], { idle: "5s", lock: "5s" }, "the fence's idle timeout, for this transaction");
+    await pay(conn, k);
+    await sleep(450); // past the renewed lease: only the gate keeps a retry out now
+    // Without the gate the claim would wait for the row the renewal locked: bounded, so that fails rather than hangs.
+    const claim = new idem.Fence(k, token(), fp("fp"), 60_000).claim(pool);
+    const answered = await Promise.race([claim, sleep(2000).then(() => "no answer within 2 s")]);
+    assert.deepEqual(answered, IN_FLIGHT, "the phase's transaction holds the gate");
+    await conn.query("COMMIT");
+    assert.equal(await payments(pool, k), 1, "the phase's effect");
   } finally {
-    await blocker.query("ROLLBACK");
-    blocker.release();
-    await pipelined.end();
+    conn.release(true); // destroyed: a failed check leaves no transaction open
   }
-  const { rows } = await pool.query("SELECT status FROM idempotency_keys WHERE key = $1", [k]);
-  assert.deepEqual(rows, [{ status: "in_progress" }], "nothing written");
+  // The transaction ended and the lease lapsed: a retry takes over, and the holder's next phase is lost.
+  const retry = new idem.Fence(k, token(), fp("fp"), 60_000, { leaseMs: 30_000 });
+  assert.deepEqual(await retry.claim(pool), PROCEED);
+  await inTransaction(pool, async (c) => {
+    assert.deepEqual(await holder.hold(c), { kind: "lost", claim: IN_FLIGHT });
+  });
+  await inTransaction(pool, async (c) => {
+    assert.deepEqual(await retry.hold(c), { kind: "held" });
+    assert.deepEqual(await retry.commit(c, CREATED), COMMITTED);
+  });
+  await inTransaction(pool, async (c) => {
+    assert.deepEqual(await holder.hold(c), { kind: "lost", claim: { kind: "replay", response: CREATED } });
+  });
 });
 
 function loadSpecLockSeed() {

@@ -210,8 +210,9 @@ export async function database(layout = "unpartitioned") {
   return {
     url,
     name,
-    pool(max = 8) {
-      const p = new pg.Pool({ connectionString: url, max });
+    /** A pool on the database, ended when the file's tests end; `options` go to pg.Pool (e.g. `{ pipeline: true }`). */
+    pool(max = 8, options = {}) {
+      const p = new pg.Pool({ connectionString: url, max, ...options });
       p.on("error", () => undefined);
       pools.push(p);
       return p;
