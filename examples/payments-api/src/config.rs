@@ -1,6 +1,6 @@
 //! Settings from the environment: `REDIS_URL`, `DATABASE_URL`, `PORT`,
 //! `READ_THROUGH`, `WAIT_MS`, `LEASE_MS`, `PG_POOL_SIZE`,
-//! `PROCESSOR_DELAY_MS`, `FENCE`.
+//! `PROCESSOR_DELAY_MS`, `FENCE`, `REPLICA_ACK`.
 
 use std::time::Duration;
 
@@ -21,6 +21,10 @@ pub struct Settings {
     pub processor_delay: Duration,
     /// Commit each new payment with its idempotency row (the fence) (default: on).
     pub fence: bool,
+    /// `REPLICA_ACK=REPLICAS:TIMEOUT_MS`: answer a stored response only once
+    /// that many replicas acknowledged it within the timeout, else 503
+    /// (the layer's `replica_ack`; default: off).
+    pub replica_ack: Option<(u32, Duration)>,
 }
 
 impl Settings {
@@ -48,7 +52,12 @@ impl Settings {
             None => 16,
         };
         let processor_delay = millis(&get, "PROCESSOR_DELAY_MS")?.unwrap_or(Duration::ZERO);
+        let replica_ack = match get("REPLICA_ACK") {
+            None => None,
+            Some(value) => replica_ack(&value)?,
+        };
         Ok(Settings {
+            replica_ack,
             processor_delay,
             redis_url,
             database_url,
@@ -69,6 +78,21 @@ fn switch(get: &impl Fn(&str) -> Option<String>, name: &str) -> anyhow::Result<b
         Some("0" | "false" | "off") => Ok(false),
         Some(other) => bail!("{name}={other:?}: use on or off"),
     }
+}
+
+/// `REPLICAS:TIMEOUT_MS` (both at least 1), or `off`.
+fn replica_ack(value: &str) -> anyhow::Result<Option<(u32, Duration)>> {
+    if value == "off" {
+        return Ok(None);
+    }
+    let usage = || format!("REPLICA_ACK={value:?}: use REPLICAS:TIMEOUT_MS (e.g. 1:3000) or off");
+    let (replicas, ms) = value.split_once(':').with_context(usage)?;
+    let replicas: u32 = replicas.parse().with_context(usage)?;
+    let ms: u64 = ms.parse().with_context(usage)?;
+    if replicas == 0 || ms == 0 {
+        bail!("{}: replicas and timeout must be at least 1", usage());
+    }
+    Ok(Some((replicas, Duration::from_millis(ms))))
 }
 
 fn millis(get: &impl Fn(&str) -> Option<String>, name: &str) -> anyhow::Result<Option<Duration>> {
@@ -102,6 +126,21 @@ mod tests {
         assert!(s.read_through);
         assert!(s.fence);
         assert_eq!(s.wait, None);
+        assert_eq!(s.replica_ack, None);
+    }
+
+    #[test]
+    fn replica_ack_is_replicas_and_a_timeout_or_off() {
+        let with = |value| settings(&[("DATABASE_URL", "x"), ("REPLICA_ACK", value)]);
+        assert_eq!(
+            with("1:3000").unwrap().replica_ack,
+            Some((1, Duration::from_secs(3)))
+        );
+        assert_eq!(with("off").unwrap().replica_ack, None);
+        for bad in ["0:3000", "1:0", "1", "one:3000", "1:3s", ":", ""] {
+            let err = with(bad).expect_err(bad).to_string();
+            assert!(err.contains("REPLICAS:TIMEOUT_MS"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -31,6 +31,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(wait) = settings.wait {
         layer = layer.wait_for_result(wait);
     }
+    if let Some((replicas, timeout)) = settings.replica_ack {
+        layer = layer.replica_ack(replicas, timeout);
+    }
     let state = AppState::new(pool)
         .with_processor_delay(settings.processor_delay)
         .with_fence(settings.fence);
@@ -43,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
         port = settings.port,
         read_through = settings.read_through,
         fence = settings.fence,
+        replica_ack = ?settings.replica_ack,
         "payments API listening on http://127.0.0.1:{}",
         settings.port
     );

@@ -89,11 +89,23 @@ pub async fn start_api_in(
     host: &idem_testkit::netns::Host,
     options: &ApiOptions<'_>,
 ) -> (Process, idem_testkit::netns::Forward, String) {
+    start_api_in_with(host, options, None).await
+}
+
+/// `start_api_in`, the API answering a stored response only once
+/// `replica_ack` (replicas, timeout) acknowledged it (`REPLICA_ACK`; off
+/// when `None`). Apart from `ApiOptions`, whose literals other tests write.
+pub async fn start_api_in_with(
+    host: &idem_testkit::netns::Host,
+    options: &ApiOptions<'_>,
+    replica_ack: Option<(u32, Duration)>,
+) -> (Process, idem_testkit::netns::Forward, String) {
     let port = 8080;
-    let process = Process::spawn(
-        "payments-api",
-        api_command(Some(host.netns()), options, port),
-    );
+    let mut cmd = api_command(Some(host.netns()), options, port);
+    if let Some((replicas, timeout)) = replica_ack {
+        cmd.env("REPLICA_ACK", format!("{replicas}:{}", timeout.as_millis()));
+    }
+    let process = Process::spawn("payments-api", cmd);
     let forward = host.forward(([127, 0, 0, 1], port).into());
     let base = format!("http://{}", forward.addr());
     wait_for_api(&process, &base).await;
