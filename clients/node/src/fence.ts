@@ -370,6 +370,10 @@ export class Fence {
       // A row not held fails the statement, so it answered held: committed, unless COMMIT failed.
       if (commit.status === "rejected") throw new PostgresError(describe(commit.reason), { cause: commit.reason });
       ended(commit.value, "COMMIT");
+      const [held] = (completion.value.rows[0] as unknown[] | undefined) ?? [];
+      if (held !== true) {
+        throw new PostgresError("the completion answered not held instead of failing: the COMMIT sent behind it committed the transaction");
+      }
       return { kind: "committed" };
     }
     // The completion failed: the server answers the COMMIT behind it with ROLLBACK (an aborted transaction).

@@ -48,7 +48,7 @@ const POOL_TIMEOUT_MS = 5000;
 
 /**
  * A pool of up to `max` connections, in node-postgres' pipeline mode: a query is sent without waiting for the one
- * before it to answer (each still its own Sync), so the fence's write gate and completion take one round trip.
+ * before it to answer (each still its own Sync), so the fence's completion and COMMIT take one round trip.
  * @param {string} databaseUrl
  * @param {number} max
  */
