@@ -15,9 +15,10 @@ import tempfile
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -322,4 +323,92 @@ async def blackhole() -> AsyncIterator[Blackhole]:
     """A ``Blackhole`` in front of the test Postgres."""
     parts = urllib.parse.urlsplit(ADMIN_URL)
     async with Blackhole(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        yield proxy
+
+
+class SlowLink:
+    """A TCP proxy to Postgres that holds what the server sends for ``delay``
+    seconds (in order) before passing it on: each round trip then costs
+    ``delay``, so a call's duration counts its round trips."""
+
+    def __init__(self, host: str, port: int, delay: float) -> None:
+        self.target = (host, port)
+        self.delay = delay
+        self.port = free_port()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    def url(self, database_url: str) -> str:
+        parts = urllib.parse.urlsplit(database_url)
+        user = f"{parts.username}@" if parts.username else ""
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
+
+    async def __aenter__(self) -> SlowLink:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in self._writers:
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self._writers.append(up_writer)
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        self._spawn(self._pump(reader, up_writer))
+        self._spawn(self._hold(up_reader, held))
+        self._spawn(self._release(held, writer))
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def _hold(self, reader: asyncio.StreamReader, held: asyncio.Queue[Any]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while data := await reader.read(65536):
+                held.put_nowait((loop.time() + self.delay, data))
+        except OSError:
+            pass
+        held.put_nowait((loop.time() + self.delay, b""))
+
+    async def _release(self, held: asyncio.Queue[Any], writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                due, data = await held.get()
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                if not data:
+                    break
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def slow_link() -> AsyncIterator[SlowLink]:
+    """A ``SlowLink`` (0.2 s a round trip) in front of the test Postgres."""
+    parts = urllib.parse.urlsplit(ADMIN_URL)
+    async with SlowLink(parts.hostname or "127.0.0.1", parts.port or 5432, 0.2) as proxy:
         yield proxy

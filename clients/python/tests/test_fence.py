@@ -4,6 +4,7 @@ release, the one-transaction shape, concurrency, both table layouts."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -15,8 +16,12 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import idem
+import idem._spec
+import idem.fence
 from idem.fence import AsyncFence, Committed, Fence, Held, Lost, Proceed
 from idem.types import InFlight, Mismatch, Replay, StoredResponse
+
+from conftest import SlowLink
 
 CREATED = StoredResponse(201, b'{"id":1}', (("content-type", b"application/json"),))
 _tokens = iter(range(1_000_000, 10**9))
@@ -356,3 +361,222 @@ def test_commit_rolls_back_when_complete_fails(
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         gate.rollback()
     assert payments(fence_database_url, k) == 0
+
+
+@pytest.fixture(params=["pipelined", "sequential"])
+def commit_form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with ``commit`` in each of its forms: the completion and
+    COMMIT in one round trip (pipeline mode), and one after the other (what
+    it does with a libpq without pipeline mode)."""
+    form = str(request.param)
+    if form == "pipelined":
+        assert psycopg.Pipeline.is_supported(), "this libpq cannot pipeline"
+    else:
+        monkeypatch.setattr(idem.fence, "_pipelined", lambda: False)
+    return form
+
+
+def _session_state(url: str, pid: int) -> str | None:
+    """The session's state as another connection sees it (pg_stat_activity)."""
+    with psycopg.connect(url, autocommit=True) as other:
+        row = other.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        return None if row is None else str(row[0])
+
+
+def test_a_lost_commit_leaves_the_session_outside_any_transaction(
+    pool: ConnectionPool, fence_database_url: str, commit_form: str
+) -> None:
+    # The stale holder's completion finds the row taken over: nothing of its
+    # transaction commits, and its session ends outside any transaction (not
+    # "idle in transaction (aborted)", holding the payment's locks), ready
+    # for the next statement.
+    k = new_key()
+    slow = Fence(k, token(), b"fp", 60, lease=0.2)
+    assert slow.claim(pool) == Proceed()
+    time.sleep(0.3)
+    retry = Fence(k, token(), b"fp", 60, lease=30)
+    assert retry.claim(pool) == Proceed()
+    with psycopg.connect(fence_database_url) as conn:
+        pay(conn, k)
+        assert slow.commit(conn, CREATED) == Lost(InFlight(1000))
+        assert _session_state(fence_database_url, conn.info.backend_pid) == "idle"
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert payments(fence_database_url, k) == 0, "the stale holder's payment rolled back"
+        with psycopg.connect(fence_database_url) as other:
+            held = other.execute(
+                "SELECT status, token FROM idempotency_keys WHERE key = %s", (k,)
+            ).fetchone()
+        assert held == ("in_progress", retry.token), "the retry still holds the key"
+        # The same connection then commits the retry's payment.
+        pay(conn, k)
+        assert retry.commit(conn, StoredResponse(201, b"retry")) == Committed()
+        # And the stale holder, once more, finds the retry's answer.
+        pay(conn, k)
+        assert slow.commit(conn, CREATED) == Lost(Replay(StoredResponse(201, b"retry")))
+        assert _session_state(fence_database_url, conn.info.backend_pid) == "idle"
+    assert payments(fence_database_url, k) == 1
+
+
+async def test_async_lost_commit_leaves_the_session_outside_any_transaction(
+    fence_database_url: str, commit_form: str
+) -> None:
+    k = new_key()
+    async with await psycopg.AsyncConnection.connect(fence_database_url) as conn:
+        slow = AsyncFence(k, token(), b"fp", 60, lease=0.2)
+        assert await slow.claim(conn) == Proceed()
+        await asyncio.sleep(0.3)
+        retry = AsyncFence(k, token(), b"fp", 60, lease=30)
+        assert await retry.claim(conn) == Proceed()
+        await conn.execute("INSERT INTO payments (key, amount) VALUES (%s, 1)", (k,))
+        assert await slow.commit(conn, CREATED) == Lost(InFlight(1000))
+        assert _session_state(fence_database_url, conn.info.backend_pid) == "idle"
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert payments(fence_database_url, k) == 0
+        await conn.execute("INSERT INTO payments (key, amount) VALUES (%s, 1)", (k,))
+        assert await retry.commit(conn, CREATED) == Committed()
+    assert payments(fence_database_url, k) == 1
+
+
+async def test_commit_is_one_round_trip(fence_database_url: str, slow_link: SlowLink) -> None:
+    # Every answer from Postgres comes 0.2 s late: a commit of the pipelined
+    # form waits for one, the sequential form (complete, then COMMIT) for two.
+    async def commit_time(fence: AsyncFence) -> float:
+        async with await psycopg.AsyncConnection.connect(slow_link.url(fence_database_url)) as conn:
+            assert await fence.claim(conn) == Proceed()
+            await conn.execute("INSERT INTO payments (key, amount) VALUES (%s, 1)", (fence.key,))
+            started = time.monotonic()
+            assert await fence.commit(conn, CREATED) == Committed()
+            elapsed = time.monotonic() - started
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            return elapsed
+
+    pipelined = await commit_time(AsyncFence(new_key(), token(), b"fp", 60))
+    assert slow_link.delay <= pipelined < 1.5 * slow_link.delay
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(idem.fence, "_pipelined", lambda: False)
+        sequential = await commit_time(AsyncFence(new_key(), token(), b"fp", 60))
+    assert sequential >= 2 * slow_link.delay, "the measure tells one round trip from two"
+
+
+def test_commit_without_an_effect_on_a_fresh_connection(
+    pool: ConnectionPool, fence_database_url: str, commit_form: str
+) -> None:
+    # psycopg opens the transaction at the completion itself.
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60)
+    assert fence.claim(pool) == Proceed()
+    with psycopg.connect(fence_database_url) as conn:
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert fence.commit(conn, CREATED) == Committed()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert Fence(k, token(), b"fp", 60).claim(pool) == Replay(CREATED)
+
+
+def test_commit_inside_a_transaction_block_is_refused(
+    pool: ConnectionPool, fence_database_url: str
+) -> None:
+    # commit ends the transaction itself; in a conn.transaction() block it
+    # is refused before anything is sent (the block goes on: here it rolls
+    # the payment back).
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60)
+    assert fence.claim(pool) == Proceed()
+    before = _row_of(fence_database_url, k)
+    for autocommit in (True, False):
+        with psycopg.connect(fence_database_url, autocommit=autocommit) as conn:
+            refused: list[idem.PostgresError] = []
+            with conn.transaction():
+                pay(conn, k)
+                try:
+                    fence.commit(conn, CREATED)
+                except idem.PostgresError as err:
+                    refused.append(err)
+                    raise psycopg.Rollback() from err
+            assert refused and "outside conn.transaction()" in str(refused[0])
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert payments(fence_database_url, k) == 0
+    assert _row_of(fence_database_url, k) == before
+
+
+def test_the_not_held_failure_is_the_specs() -> None:
+    # commit tells "not held" from other failures by these; the spec states them.
+    complete = idem._spec.load("fence.json")["statements"]["complete"]
+    assert idem.fence.NOT_HELD_SQLSTATE in complete["answers"]
+    assert f"'{idem.fence.NOT_HELD_MESSAGE}'" in complete["answers"]
+    assert idem.fence.NOT_HELD_MESSAGE in complete["sql"]
+    assert complete["params"][-1] == "fail_when_not_held"
+    message = f'invalid input syntax for type boolean: "{idem.fence.NOT_HELD_MESSAGE}: f"'
+    not_held = psycopg.errors.InvalidTextRepresentation(message)
+    assert idem.fence._not_held(not_held)
+    assert not idem.fence._not_held(psycopg.errors.InvalidTextRepresentation("another cast"))
+    assert not idem.fence._not_held(psycopg.errors.LockNotAvailable(message))
+
+    # psycopg's pipeline may raise the skipped COMMIT's PipelineAborted, the
+    # completion's failure as its context.
+    def aborted_after(err: psycopg.Error) -> None:
+        try:
+            raise err
+        except psycopg.Error:
+            raise psycopg.errors.PipelineAborted("pipeline aborted")  # noqa: B904
+
+    with pytest.raises(psycopg.errors.PipelineAborted) as raised:
+        aborted_after(not_held)
+    assert idem.fence._not_held(raised.value)
+
+
+def test_hold_takes_the_gate_until_the_transaction_ends(
+    pool: ConnectionPool, fence_database_url: str
+) -> None:
+    # The renewal takes the key's gate: while its transaction is open every
+    # claim answers InFlight, even past the renewed lease; once it ends the
+    # lease alone decides, and a holder taken over gets Lost.
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60, lease=0.3, idle_timeout=None)
+    assert fence.claim(pool) == Proceed()
+    with psycopg.connect(fence_database_url) as conn:
+        assert fence.hold(conn) == Held()
+        time.sleep(0.5)  # past the renewed lease
+        assert Fence(k, token(), b"fp", 60).claim(pool) == InFlight(1000)
+        conn.rollback()  # the renewal rolls back with the phase
+        retry = Fence(k, token(), b"fp", 60, lease=30)
+        assert retry.claim(pool) == Proceed()
+        assert fence.hold(conn) == Lost(InFlight(1000))
+        conn.rollback()
+        pay(conn, k)
+        assert retry.commit(conn, CREATED) == Committed()
+        assert fence.hold(conn) == Lost(Replay(CREATED))
+        conn.rollback()
+
+
+def test_a_holder_that_vanishes_after_hold_keeps_the_gate_no_longer_than_its_idle_timeout(
+    pool: ConnectionPool, fence_database_url: str
+) -> None:
+    # hold sets the transaction's idle timeout (the lease by default): a
+    # holder that stops after it has its session ended by Postgres, which
+    # frees the gate; a retry then proceeds once the renewed lease is over.
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60, lease=0.4)
+    assert fence.claim(pool) == Proceed()
+    conn = psycopg.connect(fence_database_url)
+    try:
+        assert fence.hold(conn) == Held()
+        time.sleep(1.2)  # frozen, well past the idle timeout and the lease
+        assert Fence(k, token(), b"fp", 60).claim(pool) == Proceed(), "the gate was still held"
+        assert _session_state(fence_database_url, conn.info.backend_pid) is None
+    finally:
+        conn.close()
+
+
+async def test_async_hold(fence_database_url: str) -> None:
+    k = new_key()
+    async with await psycopg.AsyncConnection.connect(fence_database_url) as conn:
+        fence = AsyncFence(k, token(), b"fp", 60, lease=0.3)
+        assert await fence.claim(conn) == Proceed()
+        assert await fence.hold(conn) == Held()
+        await conn.commit()  # the renewed lease stands: a retry waits for it
+        assert await AsyncFence(k, token(), b"fp", 60).claim(conn) == InFlight(1000)
+        await asyncio.sleep(0.4)
+        retry = AsyncFence(k, token(), b"fp", 60, lease=30)
+        assert await retry.claim(conn) == Proceed()
+        assert await fence.hold(conn) == Lost(InFlight(1000))
+        await conn.rollback()

@@ -10,6 +10,14 @@ The statements are the Rust crate's, read from spec/fence.json (the Rust
 tests assert that file equals its constants) and run as written, with
 Postgres' own ``$n`` parameters.
 
+``commit`` sends the completion (asked to fail when the row is not held) and
+``COMMIT`` in one round trip, in psycopg's pipeline mode: a completion that
+fails aborts the transaction and the server skips the ``COMMIT`` up to the
+pipeline's Sync, so nothing commits; the transaction is then rolled back
+and the row read outside it. Where pipeline mode is unavailable (a libpq
+older than 14) it runs them one after the other (the completion answering
+``held``, a ``ROLLBACK`` when it is not).
+
 ``Fence`` works on psycopg connections and ``ConnectionPool``\\s;
 ``AsyncFence`` is its asyncio twin.
 
@@ -173,6 +181,47 @@ def _flat(response: StoredResponse) -> list[bytes]:
     return [x for name, value in response.headers for x in (name.encode(), value)]
 
 
+# How the completion fails when asked to (``fail_when_not_held``) and the row
+# is not held: spec/fence.json, ``statements.complete.answers``.
+NOT_HELD_SQLSTATE = "22P02"
+NOT_HELD_MESSAGE = "idem fence: the key is not held"
+
+
+_UNFAILED = (
+    "the completion answered 'not held' instead of failing (spec/fence.json's complete "
+    "ignores fail_when_not_held?): its COMMIT went through"
+)
+
+
+def _not_held(err: BaseException) -> bool:
+    """Whether ``err`` is, or was raised while handling, the completion's
+    "not held" failure: psycopg's pipeline may report the skipped ``COMMIT``
+    (``PipelineAborted``) with the completion's error as its context."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if (
+            isinstance(seen, psycopg.Error)
+            and seen.sqlstate == NOT_HELD_SQLSTATE
+            and NOT_HELD_MESSAGE in str(seen)
+        ):
+            return True
+        seen = seen.__context__
+    return False
+
+
+def _pipelined() -> bool:
+    """Whether ``commit`` sends the completion and ``COMMIT`` together
+    (psycopg's pipeline mode needs a libpq 14 or later)."""
+    return psycopg.Pipeline.is_supported()
+
+
+def _held(row: tuple[Any, ...] | None) -> bool:
+    """The completion's or renewal's answer: its one row, ``held``."""
+    if row is None or not isinstance(row[0], bool):
+        raise PostgresError(f"the fence's statement answered {row!r}, not (held)")
+    return row[0]
+
+
 _PARTITIONED_ISOLATION = "read committed"
 
 
@@ -229,6 +278,33 @@ class _Base:
             synchronous_commit, idle,
         ]  # fmt: skip
 
+    def _complete_params(self, response: StoredResponse, fail_when_not_held: bool) -> list[Any]:
+        return [
+            self.key, self.token, response.status, response.body, _flat(response),
+            _ms(self.idle_timeout), fail_when_not_held,
+        ]  # fmt: skip
+
+    def _renew_params(self) -> list[Any]:
+        return [self.key, self.token, self.lease, _ms(self.idle_timeout)]
+
+    def _decided(self, row: tuple[Any, ...] | None) -> Lost:
+        """The answer of a write that found the row not held: what it holds."""
+        lost = _lost(_row(self.key, row), self.fingerprint_hex, self.token)
+        self._set("decided", claim=lost.claim)
+        return lost
+
+    @staticmethod
+    def _committable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+        """``commit`` ends the connection's transaction with its own
+        ``COMMIT``: refused inside a ``conn.transaction()`` block (psycopg
+        would then commit or release a savepoint on a transaction already
+        ended), before anything is sent."""
+        if getattr(conn, "_num_transactions", 0):
+            raise PostgresError(
+                "commit ends the connection's transaction: call it outside conn.transaction() "
+                "(or use complete inside it)"
+            )
+
     def _taken_up_front(self) -> bool:
         """Whether the middleware claimed the key before the handler ran
         (``claim_up_front``) and the handler had not used the fence yet: it
@@ -243,7 +319,7 @@ class _Base:
     def _in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         """Refuses a connection whose statements would not run in one
         transaction (an autocommit connection outside ``conn.transaction()``,
-        or one failed or busy): there the write gate's lock ends with its
+        or one failed or busy): there the gate a write takes ends with its
         statement and a ``Lost`` holder's rollback undoes nothing. A
         connection that is not autocommit, outside a transaction, is taken:
         psycopg opens the transaction at the first statement."""
@@ -352,48 +428,82 @@ class Fence(_Base):
         return self._after_claim(claim)
 
     def _write(self, conn: psycopg.Connection[Any], name: str, params: list[Any]) -> Held | Lost:
-        idle = _ms(self.idle_timeout)
-        self._raw(conn, "write_gate", [self.key, idle, idle])
-        if self._raw(conn, name, params).fetchone() is not None:
+        """A fenced write (the completion with ``fail_when_not_held`` false,
+        the renewal) in the caller's transaction; not held: the row read in
+        it, ``Lost``."""
+        if _held(self._raw(conn, name, params).fetchone()):
             return Held()
-        row = self._raw(conn, "row", [self.key]).fetchone()
-        lost = _lost(_row(self.key, row), self.fingerprint_hex, self.token)
-        self._set("decided", claim=lost.claim)
-        return lost
+        return self._decided(self._raw(conn, "row", [self.key]).fetchone())
 
     def complete(self, conn: psycopg.Connection[Any], response: StoredResponse) -> Committed | Lost:
         """Writes the response into the key's row in the caller's open
         transaction, if this holder still holds it; on ``Lost`` roll back.
         ``conn`` must be in a transaction (see ``_in_transaction``)."""
         self._in_transaction(conn)
-        params = [self.key, self.token, response.status, response.body, _flat(response)]
         try:
-            written = self._write(conn, "complete", params)
+            written = self._write(conn, "complete", self._complete_params(response, False))
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
         return Committed() if isinstance(written, Held) else written
 
     def commit(self, conn: psycopg.Connection[Any], response: StoredResponse) -> Committed | Lost:
-        """``complete``, then commits the connection's transaction (write the
-        effect in it first) and tells the middleware; on ``Lost`` rolls back.
-        ``conn`` must not be inside a ``with conn.transaction()`` block, so
-        not autocommit. When ``complete`` fails the transaction is rolled back."""
+        """Completes the key's row and commits the connection's transaction
+        (write the effect in it first) in one round trip, and tells the
+        middleware; on ``Lost`` nothing is committed. ``conn`` must not be
+        inside a ``with conn.transaction()`` block. Whatever happens, the
+        connection is left outside any transaction."""
         self._in_transaction(conn)
+        self._committable(conn)
         try:
-            try:
-                result = self.complete(conn, response)
-            except BaseException:
-                with contextlib.suppress(psycopg.Error):
-                    conn.rollback()
+            if _pipelined():
+                result = self._commit_pipelined(conn, response)
+            else:
+                result = self._commit_sequential(conn, response)
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        if isinstance(result, Committed):
+            self._set("committed", committed=response)
+        return result
+
+    def _commit_pipelined(
+        self, conn: psycopg.Connection[Any], response: StoredResponse
+    ) -> Committed | Lost:
+        try:
+            with conn.pipeline():
+                # Sent as queued, then one Sync at the block's end: one round
+                # trip (``conn.commit()`` would sync, and the block's end sync
+                # again). A failed completion makes the server skip the COMMIT.
+                completion = self._raw(conn, "complete", self._complete_params(response, True))
+                psycopg.RawCursor(conn).execute("COMMIT", prepare=False)
+        except BaseException as err:
+            # The transaction is aborted (the COMMIT skipped) or already
+            # ended (the COMMIT failed): nothing of it committed.
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
+            if not _not_held(err):
                 raise
+            row = self._raw(conn, "row", [self.key]).fetchone()
+            conn.rollback()  # ends the read's transaction (non-autocommit)
+            return self._decided(row)
+        # The completion answered: held (a row not held fails it), committed.
+        if not _held(completion.fetchone()):
+            raise PostgresError(_UNFAILED)
+        return Committed()
+
+    def _commit_sequential(
+        self, conn: psycopg.Connection[Any], response: StoredResponse
+    ) -> Committed | Lost:
+        try:
+            result = self._write(conn, "complete", self._complete_params(response, False))
             if isinstance(result, Lost):
                 conn.rollback()
                 return result
             conn.commit()
-        except psycopg.Error as err:
-            raise PostgresError(str(err)) from err
-        self._set("committed", committed=response)
-        return result
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
+            raise
+        return Committed()
 
     def hold(self, conn: psycopg.Connection[Any]) -> Held | Lost:
         """Confirms in the caller's transaction that the key is still this
@@ -401,7 +511,7 @@ class Fence(_Base):
         ``conn`` must be in a transaction (see ``_in_transaction``)."""
         self._in_transaction(conn)
         try:
-            held = self._write(conn, "renew", [self.key, self.token, self.lease])
+            held = self._write(conn, "renew", self._renew_params())
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
         if isinstance(held, Held):
@@ -506,23 +616,18 @@ class AsyncFence(_Base):
     async def _write(
         self, conn: psycopg.AsyncConnection[Any], name: str, params: list[Any]
     ) -> Held | Lost:
-        idle = _ms(self.idle_timeout)
-        await self._raw(conn, "write_gate", [self.key, idle, idle])
-        if await (await self._raw(conn, name, params)).fetchone() is not None:
+        """See ``Fence._write``."""
+        if _held(await (await self._raw(conn, name, params)).fetchone()):
             return Held()
-        row = await (await self._raw(conn, "row", [self.key])).fetchone()
-        lost = _lost(_row(self.key, row), self.fingerprint_hex, self.token)
-        self._set("decided", claim=lost.claim)
-        return lost
+        return self._decided(await (await self._raw(conn, "row", [self.key])).fetchone())
 
     async def complete(
         self, conn: psycopg.AsyncConnection[Any], response: StoredResponse
     ) -> Committed | Lost:
         """See ``Fence.complete``."""
         self._in_transaction(conn)
-        params = [self.key, self.token, response.status, response.body, _flat(response)]
         try:
-            written = await self._write(conn, "complete", params)
+            written = await self._write(conn, "complete", self._complete_params(response, False))
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
         return Committed() if isinstance(written, Held) else written
@@ -532,27 +637,60 @@ class AsyncFence(_Base):
     ) -> Committed | Lost:
         """See ``Fence.commit``."""
         self._in_transaction(conn)
+        self._committable(conn)
         try:
-            try:
-                result = await self.complete(conn, response)
-            except BaseException:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.rollback()
+            if _pipelined():
+                result = await self._commit_pipelined(conn, response)
+            else:
+                result = await self._commit_sequential(conn, response)
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        if isinstance(result, Committed):
+            self._set("committed", committed=response)
+        return result
+
+    async def _commit_pipelined(
+        self, conn: psycopg.AsyncConnection[Any], response: StoredResponse
+    ) -> Committed | Lost:
+        """See ``Fence._commit_pipelined``."""
+        try:
+            async with conn.pipeline():
+                params = self._complete_params(response, True)
+                completion = await self._raw(conn, "complete", params)
+                await psycopg.AsyncRawCursor(conn).execute("COMMIT", prepare=False)
+        except BaseException as err:
+            with contextlib.suppress(psycopg.Error):
+                await conn.rollback()
+            if not _not_held(err):
                 raise
+            row = await (await self._raw(conn, "row", [self.key])).fetchone()
+            await conn.rollback()
+            return self._decided(row)
+        if not _held(await completion.fetchone()):
+            raise PostgresError(_UNFAILED)
+        return Committed()
+
+    async def _commit_sequential(
+        self, conn: psycopg.AsyncConnection[Any], response: StoredResponse
+    ) -> Committed | Lost:
+        """See ``Fence._commit_sequential``."""
+        try:
+            result = await self._write(conn, "complete", self._complete_params(response, False))
             if isinstance(result, Lost):
                 await conn.rollback()
                 return result
             await conn.commit()
-        except psycopg.Error as err:
-            raise PostgresError(str(err)) from err
-        self._set("committed", committed=response)
-        return result
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                await conn.rollback()
+            raise
+        return Committed()
 
     async def hold(self, conn: psycopg.AsyncConnection[Any]) -> Held | Lost:
         """See ``Fence.hold``."""
         self._in_transaction(conn)
         try:
-            held = await self._write(conn, "renew", [self.key, self.token, self.lease])
+            held = await self._write(conn, "renew", self._renew_params())
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
         if isinstance(held, Held):
