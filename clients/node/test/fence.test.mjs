@@ -2,7 +2,8 @@
 // with a lease, completion only while held, takeover after the lease (the
 // lost holder commits nothing), release, hold, the one-transaction shape,
 // concurrency, and the idle timeout that frees a frozen claimer's gate (run
-// once without it: teeth).
+// once without it: teeth); commit pipelined (completion and COMMIT in one
+// round trip) and not, each ending the session outside any transaction.
 import { test, before } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
