@@ -4,7 +4,8 @@
 //! anomaly a payment API must not show: an effect run twice (payment rows,
 //! processor charges), an acknowledged payment that is gone, two payment
 //! ids answered 2xx for one key, a completion Redis holds that Postgres
-//! never got after the writer had time.
+//! never got after the writer had time; and (`unkept_answers`) answers a
+//! failover took from Redis.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -210,6 +211,18 @@ pub fn check(requests: &[Request], observed: &Observed) -> Report {
     report
 }
 
+/// The keys answered 2xx in `requests` that `kept` (the keys a server
+/// holds as completed, e.g. the promoted replica after a failover) lacks:
+/// acknowledged answers Redis lost, whatever Postgres kept.
+pub fn unkept_answers(requests: &[Request], kept: &BTreeSet<String>) -> BTreeSet<String> {
+    requests
+        .iter()
+        .filter(|r| matches!(r.answer, Answer::Paid { .. }))
+        .filter(|r| !kept.contains(&r.key))
+        .map(|r| r.key.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,6 +333,18 @@ mod tests {
         let (requests, mut observed) = clean();
         observed.redis_completed.remove("a");
         assert!(check(&requests, &observed).is_clean());
+    }
+
+    #[test]
+    fn an_answer_the_failover_dropped_is_unkept_and_a_refusal_is_not() {
+        let (mut requests, _) = clean();
+        requests.push(request("c", 1, Answer::Status(503)));
+        let kept: BTreeSet<String> = ["a".to_string()].into();
+        // b was answered 2xx twice and is gone: one key; c was never
+        // answered 2xx: nobody was told.
+        assert_eq!(unkept_answers(&requests, &kept), ["b".to_string()].into());
+        let all: BTreeSet<String> = ["a".into(), "b".into()].into();
+        assert!(unkept_answers(&requests, &all).is_empty());
     }
 
     #[test]

@@ -315,7 +315,8 @@ impl RedisServer {
     }
 
     /// A replica of `primary` (same module, default options), returned
-    /// once its link to the primary is up and the initial sync done.
+    /// once its link to the primary is up, the primary counts it online,
+    /// and it acknowledges writes (a `WAIT` answers at once from then on).
     pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
         let mut config = RedisConfig::default();
         config.server_args.extend([
@@ -332,6 +333,28 @@ impl RedisServer {
                 == Some("up")
         });
         assert!(synced, "the replica did not sync:\n{}", replica.log());
+        let mut on_primary = primary.conn();
+        let online = eventually(Duration::from_secs(20), || {
+            cluster::info(&mut on_primary, "replication")
+                .get("slave0")
+                .is_some_and(|line| line.contains("state=online"))
+        });
+        assert!(online, "the primary never counted its replica online");
+        // Online, a diskless-synced replica gets the command stream only
+        // from its first ACK (sent every second): the first write after the
+        // sync waited up to 0.9 s for its WAIT. A PUBLISH (propagated, no
+        // key) and a WAIT for it end that here.
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("idem-testkit-replica-probe")
+            .arg("1")
+            .query(&mut on_primary)
+            .expect("PUBLISH on the primary");
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(10_000)
+            .query(&mut on_primary)
+            .expect("WAIT on the primary");
+        assert_eq!(acked, 1, "the replica never acknowledged a write");
         replica
     }
 

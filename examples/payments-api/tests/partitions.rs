@@ -13,10 +13,11 @@ mod common;
 #[path = "partitions/lab.rs"]
 mod lab;
 
+use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use common::processes::{start_api_in, start_api_in_with, start_writer_in, ApiOptions};
-use idem_testkit::history::{check, Report};
+use idem_testkit::history::{check, unkept_answers, Report};
 use idem_testkit::nemesis::{Fault, Nemesis, Side};
 use idem_testkit::partition::{serve_replication, NsRedis, NsSentinel, PgStandby, Replication};
 use lab::{collect, read_write_url, settle, Clients};
@@ -476,17 +477,12 @@ async fn split_brain(scenario: &'static str, settings: SplitSettings) -> Option<
     );
     writer_side.heal();
 
-    let completed_after = lab::redis_completed(&replica);
-    let acknowledged_keys = during
-        .iter()
-        .filter(|r| matches!(r.answer, idem_testkit::history::Answer::Paid { .. }))
-        .map(|r| r.key.clone())
-        .collect::<std::collections::BTreeSet<_>>();
-    let acknowledged = acknowledged_keys.len();
-    let redis_lost = acknowledged_keys
-        .into_iter()
-        .filter(|key| !completed_after.iter().any(|k| k.contains(key.as_str())))
-        .count();
+    // What the promoted replica holds before any client comes back.
+    let kept = lab::observe(scenario, 0..12, &url, &[&replica])
+        .await
+        .redis_completed;
+    let acknowledged = unkept_answers(&during, &BTreeSet::new()).len();
+    let redis_lost = unkept_answers(&during, &kept).len();
 
     drop((api, forward));
     let replica_url = replica.url();
