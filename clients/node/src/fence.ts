@@ -156,12 +156,12 @@ function pipelined(conn: ClientBase): boolean {
 
 /**
  * The failure COMPLETE_SQL makes when asked to (fail_when_not_held) and the row is not held with the token: a cast
- * error naming the fence (spec/fence.json statements.complete.answers).
+ * error naming the fence (spec/fence.json not_held).
  */
-const NOT_HELD = { sqlstate: "22P02", message: "idem fence: the key is not held" };
+const NOT_HELD = spec.fence().not_held;
 
 function isNotHeld(err: unknown): boolean {
-  return sqlstate(err) === NOT_HELD.sqlstate && describe(err).includes(NOT_HELD.message);
+  return sqlstate(err) === NOT_HELD.sqlstate && describe(err).includes(NOT_HELD.message_contains);
 }
 
 /**

@@ -85,6 +85,8 @@ export interface HttpSpec {
 
 export interface FenceSpec {
   lock_seed: number;
+  /** How the completion fails when asked to and the row is not held. */
+  not_held: { sqlstate: string; message_contains: string };
   statements: Record<
     "claim" | "partitioned_gate" | "partitioned_claim" | "row" | "complete" | "renew" | "release",
     { params: string[]; sql: string }

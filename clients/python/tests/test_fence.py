@@ -500,9 +500,10 @@ def test_commit_inside_a_transaction_block_is_refused(
 
 def test_the_not_held_failure_is_the_specs() -> None:
     # commit tells "not held" from other failures by these; the spec states them.
-    complete = idem._spec.load("fence.json")["statements"]["complete"]
-    assert idem.fence.NOT_HELD_SQLSTATE in complete["answers"]
-    assert f"'{idem.fence.NOT_HELD_MESSAGE}'" in complete["answers"]
+    spec = idem._spec.load("fence.json")
+    complete = spec["statements"]["complete"]
+    assert idem.fence.NOT_HELD_SQLSTATE == spec["not_held"]["sqlstate"] == "22P02"
+    assert spec["not_held"]["message_contains"] == idem.fence.NOT_HELD_MESSAGE
     assert idem.fence.NOT_HELD_MESSAGE in complete["sql"]
     assert complete["params"][-1] == "fail_when_not_held"
     message = f'invalid input syntax for type boolean: "{idem.fence.NOT_HELD_MESSAGE}: f"'

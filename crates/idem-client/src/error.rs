@@ -154,7 +154,11 @@ impl From<deadpool_postgres::PoolError> for IdemError {
 #[cfg(feature = "postgres")]
 impl From<tokio_postgres::Error> for IdemError {
     fn from(err: tokio_postgres::Error) -> Self {
-        IdemError::Postgres(err.to_string())
+        // tokio-postgres' own text of a server error is only "db error".
+        IdemError::Postgres(match err.as_db_error() {
+            Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
+            None => err.to_string(),
+        })
     }
 }
 

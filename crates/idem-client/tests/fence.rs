@@ -514,12 +514,18 @@ async fn works_with_deadpool_transactions(layout: TableLayout) {
         .build()
         .unwrap();
     let mut conn = pool.get().await.unwrap();
+    let cache_handles = std::sync::Arc::strong_count(&conn.statement_cache);
     let fence = new_fence(layout, "k", 7, b"fp", TTL);
     let tx = conn.transaction().await.unwrap();
     assert_eq!(fence.claim_in(&tx).await.unwrap(), Claim::Proceed);
     assert_eq!(
         fence.commit(tx, &response(7)).await.unwrap(),
         Commit::Committed
+    );
+    assert_eq!(
+        std::sync::Arc::strong_count(&conn.statement_cache),
+        cache_handles,
+        "the commit keeps no handle on the connection's statement cache"
     );
     let tx = conn.transaction().await.unwrap();
     assert_eq!(
@@ -914,4 +920,130 @@ async fn a_handler_of_several_phases_holds_the_key_in_each(layout: TableLayout) 
     assert_eq!(holder.hold(&tx).await.unwrap(), Hold::Lost(Claim::InFlight));
     tx.rollback().await.unwrap();
     assert_eq!(effects(&check, "k").await, vec![10, 10, 10]);
+}
+
+/// A `FenceTransaction` whose statement cache is cleared after its first
+/// lookup, as another task's `statement_caches.clear()` could do: the
+/// completion must still reach the server before the COMMIT.
+struct CacheClearedAfterFirstLookup<'a> {
+    inner: deadpool_postgres::Transaction<'a>,
+    lookups: std::sync::atomic::AtomicUsize,
+}
+
+impl<'a> idem_client::FenceTransaction<'a> for CacheClearedAfterFirstLookup<'a> {
+    fn transaction(&self) -> &tokio_postgres::Transaction<'a> {
+        idem_client::FenceTransaction::transaction(&self.inner)
+    }
+    fn cached_statement<'s>(
+        &'s self,
+        sql: &'static str,
+        types: &'static [tokio_postgres::types::Type],
+    ) -> futures_util::future::BoxFuture<
+        's,
+        Result<Option<tokio_postgres::Statement>, tokio_postgres::Error>,
+    > {
+        if self
+            .lookups
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.inner.statement_cache.clear();
+        }
+        idem_client::FenceTransaction::cached_statement(&self.inner, sql, types)
+    }
+    fn commit(self) -> futures_util::future::BoxFuture<'a, Result<(), tokio_postgres::Error>> {
+        idem_client::FenceTransaction::commit(self.inner)
+    }
+    fn rollback(self) -> futures_util::future::BoxFuture<'a, Result<(), tokio_postgres::Error>> {
+        idem_client::FenceTransaction::rollback(self.inner)
+    }
+    fn end_committed(self) {
+        idem_client::FenceTransaction::end_committed(self.inner)
+    }
+}
+
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    a_statement_cache_cleared_midway_never_lets_the_commit_go_first
+);
+/// The key lost, the cache cleared between the completion's lookup and any
+/// later one: nothing of the holder's transaction commits.
+async fn a_statement_cache_cleared_midway_never_lets_the_commit_go_first(layout: TableLayout) {
+    let (db, check) = database(layout).await;
+    let config: tokio_postgres::Config = db.url.parse().unwrap();
+    let pool = Pool::builder(Manager::new(config, NoTls))
+        .max_size(1)
+        .build()
+        .unwrap();
+    let mut conn = pool.get().await.unwrap();
+    let lease = Duration::from_millis(200);
+    let holder = new_fence(layout, "race", 10, b"fp", TTL).with_lease(lease);
+    assert_eq!(holder.claim(&mut conn).await.unwrap(), Claim::Proceed);
+    tokio::time::sleep(lease).await;
+    let mut other = db.connect().await;
+    let retry = new_fence(layout, "race", 20, b"fp", TTL);
+    assert_eq!(retry.claim(&mut other).await.unwrap(), Claim::Proceed);
+    let tx = conn.transaction().await.unwrap();
+    tx.execute("INSERT INTO effects (key, token) VALUES ('race', 10)", &[])
+        .await
+        .unwrap();
+    let tx = CacheClearedAfterFirstLookup {
+        inner: tx,
+        lookups: Default::default(),
+    };
+    assert_eq!(
+        holder.commit(tx, &response(10)).await.unwrap(),
+        Commit::Lost(Claim::InFlight)
+    );
+    assert!(
+        effects(&check, "race").await.is_empty(),
+        "the lost holder's effect committed"
+    );
+    assert_eq!(
+        row(&check, "race").await.unwrap(),
+        ("in_progress".into(), 20, None)
+    );
+}
+
+/// Partitioned layout: a takeover that moves the row to another partition
+/// while the holder's completion waits for the gate makes the completion a
+/// serialization failure (under READ COMMITTED too); `commit` answers what
+/// the key holds, as for any lost key, and commits nothing.
+#[tokio::test]
+async fn a_takeover_moving_the_row_while_the_completion_waits_is_lost() {
+    use idem_writer::partitions::{day_of_ms, ensure_days};
+    let layout = TableLayout::Partitioned;
+    let (db, check) = database(layout).await;
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let today = day_of_ms(now_ms);
+    ensure_days(&check, today..=today + 3).await.unwrap();
+    let (mut a, mut b) = (db.connect().await, db.connect().await);
+    let lease = Duration::from_millis(200);
+    let holder = new_fence(layout, "moved", 10, b"fp", TTL)
+        .with_lease(lease)
+        .with_idle_timeout(Some(Duration::from_secs(5)));
+    assert_eq!(holder.claim(&mut a).await.unwrap(), Claim::Proceed);
+    tokio::time::sleep(lease).await;
+    // The takeover, its expiry two days later (another partition), holds
+    // the gate in its open transaction.
+    let takeover = new_fence(layout, "moved", 20, b"fp", Duration::from_secs(2 * 86_400));
+    let tb = b.transaction().await.unwrap();
+    assert_eq!(takeover.claim_in(&tb).await.unwrap(), Claim::Proceed);
+    let completing = tokio::spawn(async move {
+        let tx = a.transaction().await.unwrap();
+        tx.execute("INSERT INTO effects (key, token) VALUES ('moved', 10)", &[])
+            .await
+            .unwrap();
+        holder.commit(tx, &response(10)).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tb.commit().await.unwrap();
+    assert_eq!(
+        completing.await.unwrap().unwrap(),
+        Commit::Lost(Claim::InFlight)
+    );
+    assert!(effects(&check, "moved").await.is_empty());
 }

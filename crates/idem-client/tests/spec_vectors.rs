@@ -1057,6 +1057,12 @@ fn fence_statements_are_the_rust_constants() {
         ("RELEASE_SQL", fence::RELEASE_SQL),
     ];
     assert_eq!(statements.len(), constants.len(), "one entry per constant");
+    assert_eq!(
+        text(&file.doc["not_held"]["message_contains"]),
+        fence::NOT_HELD_MESSAGE
+    );
+    assert_eq!(text(&file.doc["not_held"]["sqlstate"]), "22P02");
+    assert!(fence::COMPLETE_SQL.contains(fence::NOT_HELD_MESSAGE));
     let seed = format!("hashtextextended($1, {})", uint(&file.doc["lock_seed"]));
     for (name, statement) in statements {
         let rust = text(&statement["rust"]);

@@ -182,9 +182,9 @@ def _flat(response: StoredResponse) -> list[bytes]:
 
 
 # How the completion fails when asked to (``fail_when_not_held``) and the row
-# is not held: spec/fence.json, ``statements.complete.answers``.
-NOT_HELD_SQLSTATE = "22P02"
-NOT_HELD_MESSAGE = "idem fence: the key is not held"
+# is not held: spec/fence.json, ``not_held``.
+NOT_HELD_SQLSTATE: str = _FENCE["not_held"]["sqlstate"]
+NOT_HELD_MESSAGE: str = _FENCE["not_held"]["message_contains"]
 
 
 _UNFAILED = (

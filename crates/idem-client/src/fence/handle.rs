@@ -143,13 +143,11 @@ impl std::fmt::Debug for Fence {
 /// statement cache keeps the fence's statements prepared per connection).
 ///
 /// [`Fence::commit`] pipelines its completion and COMMIT: it awaits
-/// `cached_statement` of the completion, then polls the completion and
-/// `transaction().batch_execute("COMMIT")` in turn, relying on
-/// `cached_statement` answering at its first poll for a statement it has
-/// cached and on `transaction()`'s requests being sent at their first poll
-/// (as tokio-postgres does), so the completion always reaches the server
-/// first. The transaction is not dropped after that COMMIT (its drop would
-/// roll back). An implementation of its own must keep all of this.
+/// `cached_statement` of the completion, polls the completion query on
+/// `transaction()` once and, when that left it waiting for its answer (sent,
+/// as tokio-postgres does at the first poll), sends COMMIT with
+/// `transaction().batch_execute`; then it ends the value with
+/// `end_committed`. An implementation of its own must keep this.
 pub trait FenceTransaction<'a>: Send + Sync {
     /// The tokio-postgres transaction the fence's statements run in.
     fn transaction(&self) -> &tokio_postgres::Transaction<'a>;
@@ -164,6 +162,10 @@ pub trait FenceTransaction<'a>: Send + Sync {
     fn commit(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>>;
     /// Rolls the transaction back.
     fn rollback(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>>;
+    /// Ends the value after [`Fence::commit`] sent COMMIT through
+    /// `transaction()` itself: without the ROLLBACK a drop would send,
+    /// releasing whatever else it holds.
+    fn end_committed(self);
 }
 
 impl<'a> FenceTransaction<'a> for tokio_postgres::Transaction<'a> {
@@ -183,6 +185,11 @@ impl<'a> FenceTransaction<'a> for tokio_postgres::Transaction<'a> {
     fn rollback(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
         Box::pin(tokio_postgres::Transaction::rollback(self))
     }
+    fn end_committed(self) {
+        // Its drop would send ROLLBACK; it owns nothing else (a savepoint's
+        // name, which `commit` is not for).
+        std::mem::forget(self);
+    }
 }
 
 impl<'a> FenceTransaction<'a> for deadpool_postgres::Transaction<'a> {
@@ -201,6 +208,14 @@ impl<'a> FenceTransaction<'a> for deadpool_postgres::Transaction<'a> {
     }
     fn rollback(self) -> BoxFuture<'a, Result<(), tokio_postgres::Error>> {
         Box::pin(deadpool_postgres::Transaction::rollback(self))
+    }
+    fn end_committed(self) {
+        // Its tokio-postgres transaction must not be dropped (that sends
+        // ROLLBACK); its handle on the connection's statement cache must.
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped or used again, so the handle is
+        // moved out of it exactly once.
+        drop(unsafe { std::ptr::read(&this.statement_cache) });
     }
 }
 

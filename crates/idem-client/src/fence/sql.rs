@@ -172,6 +172,10 @@ FROM (SELECT count(*) = 1 AS held FROM done) AS d
 ";
 // ANCHOR_END: complete
 
+/// What the message of [`COMPLETE_SQL`]'s failure (SQLSTATE `22P02`)
+/// contains when the row is not held.
+pub const NOT_HELD_MESSAGE: &str = "idem fence: the key is not held";
+
 // ANCHOR: renew
 /// Extends the lease of the key's `in_progress` row held with this token,
 /// the gate taken first as [`COMPLETE_SQL`] takes it (so nobody takes the
@@ -308,14 +312,6 @@ pub(crate) trait Exec: Send + Sync {
         types: &'static [Type],
         params: &'s [&'s (dyn ToSql + Sync)],
     ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>>;
-
-    /// Puts `sql` in the statement cache, if there is one, so that a
-    /// following `query` of it is sent at once.
-    fn prepare<'s>(
-        &'s self,
-        sql: &'static str,
-        types: &'static [Type],
-    ) -> BoxFuture<'s, Result<(), tokio_postgres::Error>>;
 }
 
 /// Runs `sql` on `client`: prepared once per connection through `cache`
@@ -358,14 +354,6 @@ impl<'a, T: FenceTransaction<'a>> Exec for T {
             }
         })
     }
-
-    fn prepare<'s>(
-        &'s self,
-        sql: &'static str,
-        types: &'static [Type],
-    ) -> BoxFuture<'s, Result<(), tokio_postgres::Error>> {
-        Box::pin(async move { self.cached_statement(sql, types).await.map(drop) })
-    }
 }
 
 impl Exec for tokio_postgres::Client {
@@ -376,14 +364,6 @@ impl Exec for tokio_postgres::Client {
         params: &'s [&'s (dyn ToSql + Sync)],
     ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>> {
         Box::pin(run(self, None, sql, types, params))
-    }
-
-    fn prepare<'s>(
-        &'s self,
-        _sql: &'static str,
-        _types: &'static [Type],
-    ) -> BoxFuture<'s, Result<(), tokio_postgres::Error>> {
-        Box::pin(std::future::ready(Ok(())))
     }
 }
 
@@ -396,15 +376,6 @@ impl Exec for deadpool_postgres::Object {
     ) -> BoxFuture<'s, Result<Vec<Row>, tokio_postgres::Error>> {
         let wrapper: &deadpool_postgres::ClientWrapper = self;
         Box::pin(run(wrapper, Some(wrapper), sql, types, params))
-    }
-
-    fn prepare<'s>(
-        &'s self,
-        sql: &'static str,
-        types: &'static [Type],
-    ) -> BoxFuture<'s, Result<(), tokio_postgres::Error>> {
-        let wrapper: &deadpool_postgres::ClientWrapper = self;
-        Box::pin(async move { wrapper.prepare_typed_cached(sql, types).await.map(drop) })
     }
 }
 
@@ -672,9 +643,11 @@ pub(crate) async fn complete<E: Exec>(
 /// [`complete`], then COMMIT, sent together: one round trip. The
 /// completion fails when the row is not held (`$7`), which aborts `tx`, so
 /// the COMMIT behind it rolls back and nothing of `tx` is committed; the
-/// key's row is then read outside it. Either way COMMIT ends `tx`: it is
-/// not rolled back on drop. `tx` must be the transaction itself, not a
-/// savepoint: its COMMIT commits the whole transaction.
+/// key's row is then read outside it. COMMIT is sent only once the
+/// completion was sent (its first poll left it waiting for the answer);
+/// after that COMMIT, `tx` is ended without the ROLLBACK its drop would
+/// send. `tx` must be the transaction itself, not a savepoint: its COMMIT
+/// commits the whole transaction.
 pub(crate) async fn complete_and_commit<'a, T: FenceTransaction<'a>>(
     tx: T,
     key: &str,
@@ -683,34 +656,76 @@ pub(crate) async fn complete_and_commit<'a, T: FenceTransaction<'a>>(
     guard: Guard,
     response: &StoredResponse,
 ) -> Result<Written, IdemError> {
-    // Prepared first: a connection's first use of a statement prepares it
-    // in a round trip of its own, and the completion must reach the server
-    // before the COMMIT.
-    tx.prepare(COMPLETE_SQL, COMPLETE_TYPES).await?;
-    // From here COMMIT is sent: dropping `tx` would send a ROLLBACK after it.
-    let tx = std::mem::ManuallyDrop::new(tx);
+    // Prepared first (a connection's first use of a statement prepares it
+    // in a round trip of its own), and held: nothing between here and the
+    // send can turn the completion into a prepare behind the COMMIT.
+    let statement = tx.cached_statement(COMPLETE_SQL, COMPLETE_TYPES).await?;
     let c = Completion::new(response);
     let (idle, fail) = (guard.idle(), true);
     let params: [&(dyn ToSql + Sync); 7] =
         [&key, &token, &c.status, &c.body, &c.headers, &idle, &fail];
-    let completion = tx.query(COMPLETE_SQL, COMPLETE_TYPES, &params);
-    let commit = tx.transaction().batch_execute("COMMIT");
-    // `join` polls the completion first: its first poll sends it.
-    let (completion, commit) = futures_util::future::join(completion, commit).await;
-    match completion {
-        Ok(rows) => {
-            // Held (a row not held fails the statement): committed unless
-            // the COMMIT failed.
-            commit?;
-            first_column(&rows, "completion")?;
-            Ok(Written::Held)
+    let typed: Vec<(&(dyn ToSql + Sync), Type)> = match statement {
+        Some(_) => Vec::new(),
+        None => params
+            .iter()
+            .copied()
+            .zip(COMPLETE_TYPES.iter().cloned())
+            .collect(),
+    };
+    let mut completion: BoxFuture<'_, Result<Vec<Row>, tokio_postgres::Error>> = match &statement {
+        Some(statement) => Box::pin(tx.transaction().query(statement, &params)),
+        None => Box::pin(tx.transaction().query_typed(COMPLETE_SQL, &typed)),
+    };
+    // tokio-postgres sends a query at its first poll, and answers it there
+    // only when it could not send it (parameters it cannot encode, a closed
+    // connection): then no COMMIT follows.
+    let first =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(completion.as_mut().poll(cx))).await;
+    let (completion, commit) = match first {
+        std::task::Poll::Pending => {
+            let commit = tx.transaction().batch_execute("COMMIT");
+            futures_util::future::join(completion, commit).await
         }
-        Err(err) if is_not_held(&err) => {
-            commit?;
-            lost(&*tx, key, fingerprint_hex, token).await
+        std::task::Poll::Ready(answer) => {
+            drop(completion);
+            return match answer {
+                Ok(rows) if first_column(&rows, "completion")? => {
+                    tx.commit().await?;
+                    Ok(Written::Held)
+                }
+                Ok(_) => Err(IdemError::Postgres(
+                    "the completion answered not held instead of failing".into(),
+                )),
+                Err(err) => {
+                    tx.rollback().await?;
+                    Err(err.into())
+                }
+            };
         }
-        Err(err) => Err(err.into()),
-    }
+    };
+    // COMMIT was sent: `tx` has ended, committed or (its completion failed)
+    // rolled back.
+    let outcome = match (completion, commit) {
+        (_, Err(err)) => Err(err.into()),
+        (Ok(rows), Ok(())) => first_column(&rows, "completion").map(|_| Written::Held),
+        (Err(err), Ok(())) if is_not_held(&err) || is_moved(&err) => {
+            match existing(&tx, key).await {
+                Ok(Some(row)) => match decide(row, fingerprint_hex, token) {
+                    // Still this holder's: a serialization failure of its
+                    // own transaction, not a takeover.
+                    Claim::Proceed if !is_not_held(&err) => Err(err.into()),
+                    // Completed with this very token: an earlier completion.
+                    Claim::Proceed => Ok(Written::Lost(Claim::InFlight)),
+                    other => Ok(Written::Lost(other)),
+                },
+                Ok(None) => Ok(Written::Lost(Claim::InFlight)),
+                Err(read) => Err(read),
+            }
+        }
+        (Err(err), Ok(())) => Err(err.into()),
+    };
+    tx.end_committed();
+    outcome
 }
 
 /// The failure [`COMPLETE_SQL`] makes when asked to (`$7`) and the row is
@@ -718,8 +733,15 @@ pub(crate) async fn complete_and_commit<'a, T: FenceTransaction<'a>>(
 fn is_not_held(error: &tokio_postgres::Error) -> bool {
     error.as_db_error().is_some_and(|db| {
         *db.code() == tokio_postgres::error::SqlState::INVALID_TEXT_REPRESENTATION
-            && db.message().contains("idem fence: the key is not held")
+            && db.message().contains(NOT_HELD_MESSAGE)
     })
+}
+
+/// A serialization failure: on the partitioned layout, what a completion
+/// waiting for the gate meets when a takeover moved the row to another
+/// partition meanwhile (under READ COMMITTED too).
+fn is_moved(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE)
 }
 
 /// Extends the lease of the row held with `token`, in `tx` (the gate taken
