@@ -369,6 +369,82 @@ async fn a_response_that_cannot_be_stored_for_now_is_503_and_replayed_once_store
     assert_eq!(calls.0.load(Ordering::SeqCst), 1);
 }
 
+/// A store retried in the background has no client waiting: when it finds
+/// the key gone and stores the response under a new token, it does not
+/// wait for replicas nor count a failure (its client has its 503 already).
+/// The handler's COMPLETE is refused (`min-replicas-to-write 2`); then, in
+/// one pipeline, the primary takes writes again and loses the key; the
+/// replica is frozen, so a WAIT there would miss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_retried_in_the_background_waits_for_no_replica() {
+    let (primary, replica) = primary_and_replica();
+    let mut registry = Registry::default();
+    let metrics = LayerMetrics::new(&mut registry);
+    let layer = IdempotencyLayer::new(client_of(&primary).await)
+        .replica_ack(1, Duration::from_millis(300))
+        .metrics(metrics);
+    let url = primary.url();
+    let router = Router::new()
+        .route(
+            "/pay",
+            post(move || {
+                let url = url.clone();
+                async move {
+                    let mut conn = redis::Client::open(url)
+                        .unwrap()
+                        .get_multiplexed_async_connection()
+                        .await
+                        .unwrap();
+                    let () = redis::cmd("CONFIG")
+                        .arg("SET")
+                        .arg("min-replicas-to-write")
+                        .arg("2")
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    (StatusCode::CREATED, "{\"n\":1}")
+                }
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(router).await;
+    let refused = http_post(&server.base, "/pay", Some("k"), "{}").await;
+    assert_eq!(refused.status, 503, "{:?}", refused.body);
+    replica.freeze();
+    let mut conn = primary.async_conn().await;
+    let () = redis::pipe()
+        .cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("0")
+        .ignore()
+        .cmd("FLUSHALL")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let stored = idem_testkit::eventually_async(Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { state_of(&mut conn, "idem:{:k}").await.as_deref() == Some("completed") }
+    })
+    .await;
+    // Longer than a WAIT the background would have made after it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    replica.thaw();
+    assert!(stored, "the background store never landed");
+    let failures = |reason: &str| {
+        sample(
+            &registry,
+            metric_names::REPLICA_ACK_FAILURES,
+            &format!("route=\"\",reason=\"{reason}\""),
+        )
+    };
+    assert_eq!((failures("not_stored"), failures("missed")), (1, 0));
+    let retry = http_post(&server.base, "/pay", Some("k"), "{}").await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(retry.replayed());
+}
+
 #[derive(Clone)]
 struct Fenced {
     pool: deadpool_postgres::Pool,

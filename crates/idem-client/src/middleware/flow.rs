@@ -166,6 +166,7 @@ where
         token,
         fingerprint: &fingerprint,
         observer: &observer,
+        answering: true,
     };
     let outcome = AssertUnwindSafe(execute(&held, &fence, inner, request))
         .catch_unwind()

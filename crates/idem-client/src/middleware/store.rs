@@ -40,6 +40,10 @@ pub(crate) struct Held<'a, C> {
     pub fingerprint: &'a Fingerprint,
     /// The request's metrics.
     pub observer: &'a Observer,
+    /// Whether a client awaits this key's answer: false for a store retried
+    /// in the background, whose client has its answer already (no replica
+    /// ack is waited for or counted there).
+    pub answering: bool,
 }
 
 /// What the client gets when the key's answer is not the handler's own.
@@ -95,7 +99,8 @@ where
     /// is kept, and a retry gets 409 or the replay once it is stored);
     /// without, the response itself.
     fn not_stored<B>(&self) -> Override<B> {
-        self.config.replica_ack.map(|_| {
+        let ack = self.config.replica_ack.filter(|_| self.answering);
+        ack.map(|_| {
             self.observer.replica_ack_failed(AckFailure::NotStored);
             Problem::Unavailable.into_response()
         })
@@ -215,6 +220,7 @@ where
                 token,
                 fingerprint: &fingerprint,
                 observer: &observer,
+                answering: false,
             };
             // The last attempt in the request may have landed: its fate is
             // unknown. A `store_retry` too large for the clock is "for ever".
@@ -242,7 +248,7 @@ where
         stored: &impl ResponseParts,
         origin: Origin,
     ) -> Result<Stored, IdemError> {
-        let Some(ack) = self.config.replica_ack else {
+        let Some(ack) = self.config.replica_ack.filter(|_| self.answering) else {
             return self
                 .complete(token, stored, origin)
                 .await
