@@ -557,3 +557,72 @@ async fn replica_ack_refuses_zero_replicas_a_zero_timeout_and_a_client_that_cann
     }));
     assert!(cannot_wait.contains("wait connections"), "{cannot_wait}");
 }
+
+/// In a Redis Cluster the COMPLETE and its `WAIT` go to the key's primary
+/// on one dedicated cluster connection (`WAIT` has no key): with that
+/// primary's replica frozen the ack misses, and it is met on the others. A
+/// `WAIT` sent to another node would count that node's replica at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_the_wait_runs_on_the_keys_primary() {
+    let mut cluster = idem_testkit::cluster::RedisCluster::start(3, 1, 5000);
+    let primaries: Vec<String> = cluster
+        .primaries()
+        .into_iter()
+        .map(|i| cluster.nodes[i].url())
+        .collect();
+    let client = IdemClient::cluster(redis::cluster::ClusterClient::new(primaries).unwrap())
+        .await
+        .unwrap();
+    let keys = ["idem:{a}", "idem:{b}", "idem:{c}", "idem:{d}"];
+    let owner = |cluster: &mut idem_testkit::cluster::RedisCluster, key: &str| {
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut cluster.conn(0))
+            .unwrap();
+        cluster.owner_of_slot(slot)
+    };
+    let frozen_primary = owner(&mut cluster, keys[0]);
+    let frozen = cluster.replica_of(frozen_primary);
+    let response = StoredResponse::new(201, "paid");
+    // Every replica acknowledges once (the first write after a sync waits
+    // for the replica's first ACK).
+    for key in keys {
+        let token = new_token(&client, key, b"fp", BeginOptions::new(TTL)).await;
+        let acked = client
+            .complete_replicated(
+                key,
+                token,
+                &response,
+                Origin::Handler,
+                1,
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        assert_eq!(acked, 1, "{key}");
+    }
+    cluster.nodes[frozen].freeze();
+    let mut results = Vec::new();
+    for key in keys {
+        let key = format!("{key}:again");
+        let token = new_token(&client, &key, b"fp", BeginOptions::new(TTL)).await;
+        let acked = client
+            .complete_replicated(
+                &key,
+                token,
+                &response,
+                Origin::Handler,
+                1,
+                Duration::from_millis(500),
+            )
+            .await
+            .unwrap();
+        results.push((owner(&mut cluster, &key) == frozen_primary, acked));
+    }
+    cluster.nodes[frozen].thaw();
+    assert!(results.contains(&(true, 0)), "{results:?}");
+    for (on_frozen, acked) in results {
+        assert_eq!(acked, u32::from(!on_frozen), "{on_frozen}");
+    }
+}
