@@ -626,3 +626,69 @@ async fn in_a_cluster_the_wait_runs_on_the_keys_primary() {
         assert_eq!(acked, u32::from(!on_frozen), "{on_frozen}");
     }
 }
+
+/// A `WAIT` that fails after the COMPLETE (here the ACL user may not run
+/// it) acknowledges nothing: 503, counted as `wait_failed`, the record
+/// stored; `complete_replicated` answers 0 replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_fails_after_the_complete_is_503_and_the_record_stays() {
+    let (primary, _replica) = primary_and_replica();
+    let mut admin = primary.async_conn().await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-wait")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://app:pw@127.0.0.1:{}/", primary.port);
+    let client = IdemClient::standalone(redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    let token = new_token(&client, "direct", b"fp", BeginOptions::new(TTL)).await;
+    let acked = client
+        .complete_replicated(
+            "direct",
+            token,
+            &StoredResponse::new(201, "paid"),
+            Origin::Handler,
+            1,
+            ACK,
+        )
+        .await
+        .unwrap();
+    assert_eq!(acked, 0);
+    assert_eq!(
+        state_of(&mut admin, "direct").await.as_deref(),
+        Some("completed")
+    );
+    let mut registry = Registry::default();
+    let metrics = LayerMetrics::new(&mut registry);
+    let layer = IdempotencyLayer::new(client)
+        .replica_ack(1, ACK)
+        .metrics(metrics);
+    let calls = Calls::default();
+    let server = Server::start(routes(calls.clone()).layer(layer)).await;
+    let reply = http_post(&server.base, "/pay", Some("k"), "{}").await;
+    assert_eq!(reply.status, 503, "{:?}", reply.body);
+    assert_eq!(
+        state_of(&mut admin, "idem:{:k}").await.as_deref(),
+        Some("completed")
+    );
+    let failed = sample(
+        &registry,
+        metric_names::REPLICA_ACK_FAILURES,
+        "route=\"\",reason=\"wait_failed\"",
+    );
+    let noperm = sample(
+        &registry,
+        metric_names::REDIS_ERRORS,
+        "op=\"wait\",kind=\"noperm\"",
+    );
+    assert_eq!((failed, noperm), (1, 1));
+}
