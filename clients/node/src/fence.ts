@@ -12,7 +12,7 @@ import { PostgresError } from "./errors.js";
 import { downstreamKeyOf, storedHex } from "./fingerprint.js";
 import { decodeRow } from "./readThrough.js";
 import { isPool, describe, sqlstate, type Source } from "./pg.js";
-import { checkToken } from "./wire.js";
+import { checkToken, STATUS_MAX, STATUS_MIN } from "./wire.js";
 import type { InFlight, Mismatch, Replay, StoredResponse } from "./types.js";
 
 type Statement = keyof spec.FenceSpec["statements"];
@@ -112,8 +112,32 @@ export function decide(row: Row | null, fingerprintHex: string, token: bigint): 
   return inFlight();
 }
 
-function flat(response: StoredResponse): Buffer[] {
-  return response.headers.flatMap(([name, value]) => [Buffer.from(name, "utf8"), value]);
+/** Bytes of a response's body or header value as a Buffer, or a TypeError naming `what`. */
+function bytesOf(value: unknown, what: string): Buffer {
+  if (Buffer.isBuffer(value)) return value;
+  if (value instanceof Uint8Array) return Buffer.from(value.buffer, value.byteOffset, value.byteLength);
+  throw new TypeError(`the response's ${what} must be a Buffer or Uint8Array (storedResponse() converts text), not ${typeof value}`);
+}
+
+/**
+ * The completion's status, body and flat headers, checked and encoded here, so that node-postgres has nothing
+ * left it could fail to encode once the completion is queued (a value it cannot encode fails the query before
+ * it is sent, and a pipelined COMMIT behind it would commit the effect without the completion).
+ */
+function encoded(response: unknown): [number, Buffer, Buffer[]] {
+  if (typeof response !== "object" || response === null) throw new TypeError("the response must be a StoredResponse (storedResponse() makes one)");
+  const { status, body, headers } = response as { status: unknown; body: unknown; headers: unknown };
+  if (typeof status !== "number" || !Number.isInteger(status) || status < STATUS_MIN || status > STATUS_MAX) {
+    throw new TypeError(`the response's status must be an integer from ${STATUS_MIN} to ${STATUS_MAX}, not ${String(status)}`);
+  }
+  if (!Array.isArray(headers)) throw new TypeError("the response's headers must be an array of [name, value] pairs");
+  const flat = headers.flatMap((pair: unknown, i: number) => {
+    if (!Array.isArray(pair) || pair.length !== 2 || typeof pair[0] !== "string") {
+      throw new TypeError(`the response's header ${i} must be a [name: string, value: Buffer] pair`);
+    }
+    return [Buffer.from(pair[0], "utf8"), bytesOf(pair[1], `header ${JSON.stringify(pair[0])}'s value`)];
+  });
+  return [status, bytesOf(body, "body"), flat];
 }
 
 /** The unpartitioned claim's ON CONFLICT (key) on a partitioned table has no unique index to use (42P10): say which fence to use. */
@@ -162,6 +186,14 @@ const NOT_HELD = spec.fence().not_held;
 
 function isNotHeld(err: unknown): boolean {
   return sqlstate(err) === NOT_HELD.sqlstate && describe(err).includes(NOT_HELD.message_contains);
+}
+
+/**
+ * A serialization failure: on the partitioned layout, what a completion waiting for the gate meets when a takeover
+ * moved the row to another partition meanwhile (under READ COMMITTED too).
+ */
+function isMoved(err: unknown): boolean {
+  return sqlstate(err) === "40001";
 }
 
 /**
@@ -304,13 +336,32 @@ export class Fence {
 
   /** COMPLETE_SQL's parameters: `fail` makes a row not held fail the statement (and so abort the transaction). */
   private completion(response: StoredResponse, fail: boolean): unknown[] {
-    return [this.key, this.token.toString(), response.status, response.body, flat(response), ms(this.idleTimeoutMs), fail];
+    const [status, body, headers] = encoded(response); // a TypeError before anything is sent
+    return [this.key, this.token.toString(), status, body, headers, ms(this.idleTimeoutMs), fail];
   }
 
   /** After a fenced write found no row held with this token: what the key holds (a Proceed there is InFlight). */
   private async lost(conn: ClientBase): Promise<Lost> {
     const row = await this.raw(conn, "row", [this.key]);
     const claim = decide(toRow(this.key, row), this.fingerprintHex, this.token);
+    const lost: Lost = { kind: "lost", claim: claim.kind === "proceed" ? inFlight() : claim };
+    this.report?.set("decided", { claim: lost.claim });
+    return lost;
+  }
+
+  /**
+   * After commit's transaction ended with its completion failed by `failure` (not held, or the row moved): Lost,
+   * with what the key holds; a moved row still this holder's is its own serialization failure: the error.
+   */
+  private async lostAfter(conn: ClientBase, failure: unknown): Promise<Lost> {
+    let row;
+    try {
+      row = toRow(this.key, await this.raw(conn, "row", [this.key])); // outside the transaction
+    } catch (err) {
+      throw new PostgresError(describe(err), { cause: err });
+    }
+    const claim = decide(row, this.fingerprintHex, this.token);
+    if (claim.kind === "proceed" && !isNotHeld(failure)) throw new PostgresError(describe(failure), { cause: failure });
     const lost: Lost = { kind: "lost", claim: claim.kind === "proceed" ? inFlight() : claim };
     this.report?.set("decided", { claim: lost.claim });
     return lost;
@@ -347,7 +398,9 @@ export class Fence {
    * The completion is asked to fail when the row is not held, which aborts the transaction, so the server answers
    * the COMMIT behind it with ROLLBACK; the key's row is then read outside the transaction. Otherwise node-postgres
    * sends a query only once the one before has answered: the completion, then COMMIT, or on Lost the row and
-   * ROLLBACK.
+   * ROLLBACK. On the partitioned layout a takeover that moved the row while the completion waited for the gate
+   * (40001) is Lost too, unless the row is still this holder's (then the error). A response that is not a valid
+   * StoredResponse throws a TypeError after ROLLBACK, before anything else is sent.
    */
   async commit(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
     requireStatus(conn, "T", "commit"); // refused: the caller's transaction, if any, is left as it is
@@ -364,8 +417,28 @@ export class Fence {
       await conn.query("ROLLBACK").catch(() => undefined);
       throw err;
     }
+    // node-postgres answers a query synchronously only when it failed to send it (a parameter it cannot encode:
+    // it then sends Close and Sync, and nothing failed on the server): then no COMMIT, which would commit the
+    // effect without the completion, but ROLLBACK.
+    const send = { querying: true, unsent: false };
+    const sent = new Promise<QueryResult>((resolve, reject) => {
+      conn.query(query, (err: Error | undefined, result: QueryResult) => {
+        if (send.querying) send.unsent = true;
+        if (err) reject(err);
+        else resolve(result);
+      });
+    });
+    send.querying = false;
+    if (send.unsent) {
+      const failure = await sent.then(
+        () => new PostgresError("node-postgres answered the completion before sending it"),
+        (err: unknown) => err,
+      );
+      await conn.query("ROLLBACK").catch(() => undefined);
+      throw failure instanceof PostgresError ? failure : new PostgresError(describe(failure), { cause: failure });
+    }
     // Both queries are made in this tick, so node-postgres writes them in this order before any answer.
-    const [completion, commit] = await Promise.allSettled([conn.query(query), conn.query("COMMIT")]);
+    const [completion, commit] = await Promise.allSettled([sent, conn.query("COMMIT")]);
     if (completion.status === "fulfilled") {
       // A row not held fails the statement, so it answered held: committed, unless COMMIT failed.
       if (commit.status === "rejected") throw new PostgresError(describe(commit.reason), { cause: commit.reason });
@@ -380,12 +453,10 @@ export class Fence {
     // A COMMIT that failed too means the connection did: the server rolls back when it goes.
     if (commit.status === "rejected") throw new PostgresError(describe(completion.reason), { cause: completion.reason });
     ended(commit.value, "ROLLBACK", completion.reason);
-    if (!isNotHeld(completion.reason)) throw new PostgresError(describe(completion.reason), { cause: completion.reason });
-    try {
-      return await this.lost(conn); // the row, read outside the transaction
-    } catch (err) {
-      throw new PostgresError(describe(err), { cause: err });
+    if (!isNotHeld(completion.reason) && !isMoved(completion.reason)) {
+      throw new PostgresError(describe(completion.reason), { cause: completion.reason });
     }
+    return this.lostAfter(conn, completion.reason);
   }
 
   private async commitInTurn(conn: ClientBase, response: StoredResponse): Promise<Committed | Lost> {
@@ -393,7 +464,12 @@ export class Fence {
     try {
       written = await this.write(conn, "complete", this.completion(response, false));
     } catch (err) {
-      await conn.query("ROLLBACK").catch(() => undefined);
+      const cause = err instanceof PostgresError ? err.cause : err;
+      const rolledBack = await conn.query("ROLLBACK").then(
+        () => true,
+        () => false,
+      );
+      if (rolledBack && isMoved(cause)) return this.lostAfter(conn, cause);
       throw err;
     }
     try {

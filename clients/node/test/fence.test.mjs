@@ -3,12 +3,14 @@
 // lost holder commits nothing), release, hold, the one-transaction shape,
 // concurrency, and the idle timeout that frees a frozen claimer's gate (run
 // once without it: teeth); commit pipelined (completion and COMMIT in one
-// round trip) and not, each ending the session outside any transaction.
+// round trip) and not, each ending the session outside any transaction; a
+// response that cannot be encoded commits nothing, and a row a takeover moved
+// to another partition makes commit Lost.
 import { test, before } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
 import * as idem from "../dist/index.js";
-import { database, key, sleep } from "./helpers.mjs";
+import { database, emptyDatabase, key, migrations, sleep } from "./helpers.mjs";
 
 const CREATED = idem.storedResponse(201, '{"id":1}', [["content-type", "application/json"]]);
 const IN_FLIGHT = { kind: "in_flight", retryAfterMs: 1000 };
@@ -411,7 +413,117 @@ for (const pipeline of [true, false]) {
     assert.deepEqual(await keyRow(pool, k), ["in_progress", holder.token.toString()], "nothing written");
     assert.equal(await payments(pool, k), 0);
   });
+
+  test(`${path}: a response node-postgres cannot encode fails commit with a TypeError before anything is sent, and commits nothing`, async () => {
+    const pool = dbs.unpartitioned.pool();
+    const client = dbs.unpartitioned.pool(1, { pipeline });
+    const k = key();
+    const holder = new idem.Fence(k, token(), fp("fp"), 60_000);
+    assert.deepEqual(await holder.claim(pool), PROCEED);
+    const conn = await client.connect();
+    try {
+      for (const bad of [
+        { status: 201, body: { amount: 10n }, headers: [] }, // JSON.stringify of a BigInt throws in node-postgres' Bind
+        { status: 201.5, body: Buffer.from("x"), headers: [] },
+        { status: 201, body: Buffer.from("x"), headers: [["x-amount", 10n]] },
+      ]) {
+        await conn.query("BEGIN");
+        await pay(conn, k);
+        await assert.rejects(holder.commit(conn, bad), (err) => err instanceof TypeError && /the response's (body|status|header)/.test(err.message));
+        assert.equal(conn.getTransactionStatus(), "I", "node-postgres: outside any transaction");
+        assert.equal(await sessionState(pool, conn), "idle", "the server: outside any transaction");
+        assert.equal(await payments(pool, k), 0, "the effect rolled back");
+        assert.deepEqual(await keyRow(pool, k), ["in_progress", holder.token.toString()], "the claim as it was");
+      }
+      // A Uint8Array body is bytes too.
+      await conn.query("BEGIN");
+      await pay(conn, k);
+      assert.deepEqual(await holder.commit(conn, { status: 201, body: new Uint8Array([111, 107]), headers: [] }), COMMITTED);
+      assert.equal(await payments(pool, k), 1);
+    } finally {
+      conn.release();
+    }
+  });
+
+  test(`${path}: on the partitioned layout, a takeover that moves the row while the completion waits for the gate makes commit Lost`, async () => {
+    const db = await emptyDatabase();
+    const setup = db.pool(1);
+    for (const sql of migrations("partitioned")) await setup.query(sql);
+    await setup.query("CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, amount INT)");
+    // Daily partitions from today to today + 3 (UTC), as the writer makes them: a 2-day takeover moves the row.
+    await setup.query(`DO $$ DECLARE d date; BEGIN
+      FOR d IN SELECT generate_series(0, 3) + (now() AT TIME ZONE 'UTC')::date LOOP
+        EXECUTE format('CREATE TABLE %I PARTITION OF idempotency_keys FOR VALUES FROM (%L) TO (%L)',
+          'idempotency_keys_p' || to_char(d, 'YYYYMMDD'), d || ' 00:00:00+00', (d + 1) || ' 00:00:00+00');
+      END LOOP; END $$`);
+    const pool = new pg.Pool({ connectionString: db.url, max: 2, pipeline });
+    pool.on("error", () => undefined);
+    const taker = new pg.Client({ connectionString: db.url });
+    await taker.connect();
+    try {
+      const k = key();
+      const holder = new idem.Fence(k, token(), fp("fp"), 60_000, { leaseMs: 200, idleTimeoutMs: 5_000, layout: "partitioned" });
+      assert.deepEqual(await holder.claim(pool), PROCEED);
+      await sleep(400);
+      const conn = await pool.connect();
+      try {
+        assert.equal(conn.pipeline, pipeline);
+        await conn.query("BEGIN");
+        await pay(conn, k);
+        await taker.query("BEGIN");
+        const takeover = new idem.Fence(k, token(), fp("fp"), 2 * 86_400_000, { layout: "partitioned" });
+        assert.deepEqual(await takeover.claimIn(taker), PROCEED);
+        const pending = holder.commit(conn, CREATED).then((r) => r, (e) => e);
+        await sleep(500); // the completion waits for the takeover's gate
+        await taker.query("COMMIT");
+        assert.deepEqual(await pending, { kind: "lost", claim: IN_FLIGHT });
+        assert.equal(conn.getTransactionStatus(), "I");
+      } finally {
+        conn.release();
+      }
+      assert.equal(await payments(setup, k), 0, "the lost holder's payment rolled back");
+      const { rows } = await setup.query(
+        "SELECT status, token::text AS token, tableoid::regclass::text AS part FROM idempotency_keys WHERE key = $1",
+        [k],
+      );
+      assert.equal(rows.length, 1);
+      assert.equal(rows[0].status, "in_progress");
+      assert.notEqual(rows[0].token, holder.token.toString());
+    } finally {
+      await taker.end();
+      await pool.end();
+    }
+  });
 }
+
+test("pipelined: a completion node-postgres fails to send (its Bind throws) is followed by ROLLBACK, never COMMIT", async () => {
+  const pool = dbs.unpartitioned.pool();
+  const client = dbs.unpartitioned.pool(1, { pipeline: true });
+  const k = key();
+  const holder = new idem.Fence(k, token(), fp("fp"), 60_000);
+  assert.deepEqual(await holder.claim(pool), PROCEED);
+  const conn = await client.connect();
+  const connection = conn.connection;
+  const bind = connection.bind;
+  try {
+    await conn.query("BEGIN");
+    await pay(conn, k);
+    // An encoding failure past the fence's own checks: node-postgres sends Close and Sync and fails the query at once.
+    connection.bind = function (config) {
+      if (config.values?.[0] === k) throw new Error("cannot encode this parameter");
+      return bind.call(this, config);
+    };
+    await assert.rejects(holder.commit(conn, CREATED), (err) => err instanceof idem.PostgresError && /cannot encode/.test(err.message));
+    connection.bind = bind;
+    assert.equal(conn.getTransactionStatus(), "I");
+    assert.equal(await sessionState(pool, conn), "idle");
+    assert.equal(await payments(pool, k), 0, "no COMMIT went behind the unsent completion");
+    assert.deepEqual(await keyRow(pool, k), ["in_progress", holder.token.toString()]);
+  } finally {
+    connection.bind = bind;
+    conn.release();
+  }
+});
 
 test("hold: renews the lease and holds the key's gate until the phase's transaction ends; lost, it answers what the key holds", async () => {
   const pool = dbs.unpartitioned.pool();
