@@ -212,7 +212,7 @@ def database_url() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _database(layout: str) -> Iterator[str]:
+def _database(layout: str, daily: bool = False) -> Iterator[str]:
     name = f"idem_py_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
@@ -230,7 +230,18 @@ def _database(layout: str) -> Iterator[str]:
             conn.execute(
                 "CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, amount INT)"
             )
-            if layout == "partitioned":
+            if daily:
+                # A partition per UTC day, today to today + 3, as the writer
+                # makes them: a row whose expires_at changes day moves.
+                for day in range(4):
+                    conn.execute(
+                        f"CREATE TABLE idempotency_keys_d{day} PARTITION OF idempotency_keys"
+                        f" FOR VALUES FROM (date_trunc('day', now() AT TIME ZONE 'UTC')"
+                        f" AT TIME ZONE 'UTC' + interval '{day} days')"
+                        f" TO (date_trunc('day', now() AT TIME ZONE 'UTC')"
+                        f" AT TIME ZONE 'UTC' + interval '{day + 1} days')"
+                    )
+            elif layout == "partitioned":
                 conn.execute(
                     "CREATE TABLE idempotency_keys_all PARTITION OF idempotency_keys"
                     " FOR VALUES FROM (MINVALUE) TO ('9999-12-31 00:00:00+00')"
@@ -251,6 +262,12 @@ def fence_database_url() -> Iterator[str]:
 def partitioned_database_url() -> Iterator[str]:
     """The same on the partitioned layout (one catch-all partition)."""
     yield from _database("partitioned")
+
+
+@pytest.fixture(scope="session")
+def daily_partitioned_database_url() -> Iterator[str]:
+    """The partitioned layout with a partition per day, today to today + 3."""
+    yield from _database("partitioned", daily=True)
 
 
 class Blackhole:

@@ -437,6 +437,121 @@ async def test_async_lost_commit_leaves_the_session_outside_any_transaction(
     assert payments(fence_database_url, k) == 1
 
 
+def _waiting_for_a_lock(url: str, pid: int) -> None:
+    """Waits until the session ``pid`` waits for a lock (the gate)."""
+    deadline = time.monotonic() + 5
+    with psycopg.connect(url, autocommit=True) as other:
+        while time.monotonic() < deadline:
+            row = other.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+            if row is not None and row[0] == "Lock":
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"session {pid} never waited for a lock")
+
+
+def _moving_takeover(url: str, k: str, fingerprint: bytes) -> tuple[psycopg.Connection[Any], int]:
+    """A takeover of ``k`` (its lease lapsed) with a two-day TTL, claimed in
+    an open transaction on the connection returned: it holds the gate and has
+    moved the row to the partition two days ahead, not yet committed."""
+    taker = Fence(k, token(), fingerprint, 2 * 86400, layout="partitioned")
+    conn = psycopg.connect(url)
+    assert taker.claim_in(conn) == Proceed()
+    return conn, taker.token
+
+
+def _assert_moved_and_lost(url: str, k: str, taker: int, pid: int) -> None:
+    assert _session_state(url, pid) == "idle"
+    assert payments(url, k) == 0, "the stale holder's payment rolled back"
+    with psycopg.connect(url) as other:
+        held = other.execute(
+            "SELECT status, token, tableoid::regclass::text FROM idempotency_keys WHERE key = %s",
+            (k,),
+        ).fetchone()
+    assert held == ("in_progress", taker, "idempotency_keys_d2"), "the takeover holds the key"
+
+
+def test_a_commit_whose_row_a_takeover_moved_is_lost(
+    daily_partitioned_database_url: str, commit_form: str
+) -> None:
+    # On the partitioned layout the stale holder's completion waits for the
+    # gate a takeover holds; the takeover, with a longer TTL, moved the row
+    # to another day's partition. Once it commits, the completion fails with
+    # a serialization failure (40001, under READ COMMITTED too): commit
+    # answers Lost with what the row holds, and nothing of it commits.
+    url = daily_partitioned_database_url
+    k = new_key()
+    slow = Fence(k, token(), b"fp", 60, lease=0.2, idle_timeout=5, layout="partitioned")
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert slow.claim(conn) == Proceed()
+    time.sleep(0.3)  # the lease lapses
+    with psycopg.connect(url) as conn:
+        pay(conn, k)
+        taker_conn, taker = _moving_takeover(url, k, b"fp")
+        with taker_conn:
+            answer: list[object] = []
+            waiting = threading.Thread(target=lambda: answer.append(slow.commit(conn, CREATED)))
+            waiting.start()
+            try:
+                _waiting_for_a_lock(url, conn.info.backend_pid)
+            finally:
+                taker_conn.commit()
+                waiting.join()
+        assert answer == [Lost(InFlight(1000))]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        _assert_moved_and_lost(url, k, taker, conn.info.backend_pid)
+
+
+async def test_async_commit_whose_row_a_takeover_moved_is_lost(
+    daily_partitioned_database_url: str, commit_form: str
+) -> None:
+    url = daily_partitioned_database_url
+    k = new_key()
+    slow = AsyncFence(k, token(), b"fp", 60, lease=0.2, idle_timeout=5, layout="partitioned")
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        assert await slow.claim(conn) == Proceed()
+        await asyncio.sleep(0.3)
+        await conn.execute("INSERT INTO payments (key, amount) VALUES (%s, 1)", (k,))
+        taker_conn, taker = await asyncio.to_thread(_moving_takeover, url, k, b"fp")
+        with taker_conn:
+            committing = asyncio.create_task(slow.commit(conn, CREATED))
+            try:
+                await asyncio.to_thread(_waiting_for_a_lock, url, conn.info.backend_pid)
+            finally:
+                await asyncio.to_thread(taker_conn.commit)
+            assert await committing == Lost(InFlight(1000))
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        await asyncio.to_thread(_assert_moved_and_lost, url, k, taker, conn.info.backend_pid)
+
+
+def test_moved_is_a_serialization_failure_anywhere_in_the_chain() -> None:
+    failure = psycopg.errors.SerializationFailure("tuple to be locked was already moved")
+    assert idem.fence._moved(failure)
+    assert not idem.fence._moved(psycopg.errors.LockNotAvailable("lock timeout"))
+
+    # psycopg's pipeline may raise the skipped COMMIT's PipelineAborted, the
+    # completion's failure as its context.
+    def aborted_after(err: psycopg.Error) -> None:
+        try:
+            raise err
+        except psycopg.Error:
+            raise psycopg.errors.PipelineAborted("pipeline aborted")  # noqa: B904
+
+    with pytest.raises(psycopg.errors.PipelineAborted) as raised:
+        aborted_after(failure)
+    assert idem.fence._moved(raised.value)
+
+    # A serialization failure that left the row this holder's is its own
+    # transaction's failure, not a takeover: commit raises it (None here).
+    fence = Fence(new_key(), token(), b"fp", 60, layout="partitioned")
+    mine = (fence.fingerprint_hex, "in_progress", fence.token, True, None, None, [])
+    taken = (fence.fingerprint_hex, "in_progress", fence.token + 1, True, None, None, [])
+    assert fence._failed(failure, mine) is None
+    assert fence._failed(failure, taken) == Lost(InFlight(1000))
+    assert fence._failed(failure, None) == Lost(InFlight(1000))
+
+
 async def test_commit_is_one_round_trip(fence_database_url: str, slow_link: SlowLink) -> None:
     # Every answer from Postgres comes 0.2 s late: a commit of the pipelined
     # form waits for one, the sequential form (complete, then COMMIT) for two.
@@ -493,6 +608,30 @@ def test_commit_inside_a_transaction_block_is_refused(
                     refused.append(err)
                     raise psycopg.Rollback() from err
             assert refused and "outside conn.transaction()" in str(refused[0])
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert payments(fence_database_url, k) == 0
+    assert _row_of(fence_database_url, k) == before
+
+
+def test_commit_inside_a_pipeline_block_is_refused(
+    pool: ConnectionPool, fence_database_url: str
+) -> None:
+    # commit sends its completion and COMMIT in a pipeline of its own; in the
+    # caller's conn.pipeline() block it is refused, before anything is sent,
+    # saying so.
+    k = new_key()
+    fence = Fence(k, token(), b"fp", 60)
+    assert fence.claim(pool) == Proceed()
+    before = _row_of(fence_database_url, k)
+    for effect in (True, False):
+        with psycopg.connect(fence_database_url) as conn:
+            with conn.pipeline():
+                if effect:
+                    pay(conn, k)
+                with pytest.raises(idem.PostgresError) as refused:
+                    fence.commit(conn, CREATED)
+            assert "outside conn.pipeline()" in str(refused.value)
+            conn.rollback()
             assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert payments(fence_database_url, k) == 0
     assert _row_of(fence_database_url, k) == before

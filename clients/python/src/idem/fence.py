@@ -14,7 +14,10 @@ Postgres' own ``$n`` parameters.
 ``COMMIT`` in one round trip, in psycopg's pipeline mode: a completion that
 fails aborts the transaction and the server skips the ``COMMIT`` up to the
 pipeline's Sync, so nothing commits; the transaction is then rolled back
-and the row read outside it. Where pipeline mode is unavailable (a libpq
+and the row read outside it. On the partitioned layout a takeover that moved
+the row to another partition while the completion waited for the gate fails
+it with a serialization failure (40001): the same, unless the row is still
+this holder's (then the error). Where pipeline mode is unavailable (a libpq
 older than 14) it runs them one after the other (the completion answering
 ``held``, a ``ROLLBACK`` when it is not).
 
@@ -209,6 +212,22 @@ def _not_held(err: BaseException) -> bool:
     return False
 
 
+MOVED_SQLSTATE = "40001"
+
+
+def _moved(err: BaseException) -> bool:
+    """Whether ``err`` is, or was raised while handling, a serialization
+    failure (40001): on the partitioned layout, what a completion waiting for
+    the gate meets when a takeover moved the row to another partition
+    meanwhile (under READ COMMITTED too)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, psycopg.Error) and seen.sqlstate == MOVED_SQLSTATE:
+            return True
+        seen = seen.__context__
+    return False
+
+
 def _pipelined() -> bool:
     """Whether ``commit`` sends the completion and ``COMMIT`` together
     (psycopg's pipeline mode needs a libpq 14 or later)."""
@@ -293,12 +312,31 @@ class _Base:
         self._set("decided", claim=lost.claim)
         return lost
 
+    def _failed(self, err: BaseException, row: tuple[Any, ...] | None) -> Lost | None:
+        """The answer of a completion that failed, ``row`` read once its
+        transaction ended: ``Lost`` when it failed as not held, or as moved
+        (40001) and the row is no longer this holder's; ``None`` (raise the
+        error) when a serialization failure left the row this holder's."""
+        if not _not_held(err):
+            claim = decide(_row(self.key, row), self.fingerprint_hex, self.token)
+            if isinstance(claim, Proceed):
+                return None
+        return self._decided(row)
+
     @staticmethod
     def _committable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         """``commit`` ends the connection's transaction with its own
-        ``COMMIT``: refused inside a ``conn.transaction()`` block (psycopg
-        would then commit or release a savepoint on a transaction already
-        ended), before anything is sent."""
+        ``COMMIT``, sent in a pipeline of its own: refused inside the caller's
+        ``conn.pipeline()`` block (the caller's statements would share its
+        Sync, and its failure) and inside a ``conn.transaction()`` block
+        (psycopg would then commit or release a savepoint on a transaction
+        already ended), before anything is sent."""
+        if conn.info.pipeline_status != pq.PipelineStatus.OFF:
+            raise PostgresError(
+                "commit sends the completion and COMMIT in a pipeline of its own: call it "
+                f"outside conn.pipeline() (the connection is in pipeline mode, "
+                f"{conn.info.pipeline_status.name})"
+            )
         if getattr(conn, "_num_transactions", 0):
             raise PostgresError(
                 "commit ends the connection's transaction: call it outside conn.transaction() "
@@ -450,10 +488,11 @@ class Fence(_Base):
         """Completes the key's row and commits the connection's transaction
         (write the effect in it first) in one round trip, and tells the
         middleware; on ``Lost`` nothing is committed. ``conn`` must not be
-        inside a ``with conn.transaction()`` block. Whatever happens, the
-        connection is left outside any transaction."""
-        self._in_transaction(conn)
+        inside a ``with conn.transaction()`` or ``with conn.pipeline()``
+        block. Whatever happens, the connection is left outside any
+        transaction."""
         self._committable(conn)
+        self._in_transaction(conn)
         try:
             if _pipelined():
                 result = self._commit_pipelined(conn, response)
@@ -480,11 +519,14 @@ class Fence(_Base):
             # ended (the COMMIT failed): nothing of it committed.
             with contextlib.suppress(psycopg.Error):
                 conn.rollback()
-            if not _not_held(err):
+            if not (_not_held(err) or _moved(err)):
                 raise
             row = self._raw(conn, "row", [self.key]).fetchone()
             conn.rollback()  # ends the read's transaction (non-autocommit)
-            return self._decided(row)
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
         # The completion answered: held (a row not held fails it), committed.
         if not _held(completion.fetchone()):
             raise PostgresError(_UNFAILED)
@@ -499,10 +541,19 @@ class Fence(_Base):
                 conn.rollback()
                 return result
             conn.commit()
-        except BaseException:
+        except BaseException as err:
             with contextlib.suppress(psycopg.Error):
                 conn.rollback()
-            raise
+            if not _moved(err):
+                raise
+            # Moved by a takeover (see ``_moved``): the row read once the
+            # transaction is rolled back, as in ``_commit_pipelined``.
+            row = self._raw(conn, "row", [self.key]).fetchone()
+            conn.rollback()
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
         return Committed()
 
     def hold(self, conn: psycopg.Connection[Any]) -> Held | Lost:
@@ -636,8 +687,8 @@ class AsyncFence(_Base):
         self, conn: psycopg.AsyncConnection[Any], response: StoredResponse
     ) -> Committed | Lost:
         """See ``Fence.commit``."""
-        self._in_transaction(conn)
         self._committable(conn)
+        self._in_transaction(conn)
         try:
             if _pipelined():
                 result = await self._commit_pipelined(conn, response)
@@ -661,11 +712,14 @@ class AsyncFence(_Base):
         except BaseException as err:
             with contextlib.suppress(psycopg.Error):
                 await conn.rollback()
-            if not _not_held(err):
+            if not (_not_held(err) or _moved(err)):
                 raise
             row = await (await self._raw(conn, "row", [self.key])).fetchone()
             await conn.rollback()
-            return self._decided(row)
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
         if not _held(await completion.fetchone()):
             raise PostgresError(_UNFAILED)
         return Committed()
@@ -680,10 +734,17 @@ class AsyncFence(_Base):
                 await conn.rollback()
                 return result
             await conn.commit()
-        except BaseException:
+        except BaseException as err:
             with contextlib.suppress(psycopg.Error):
                 await conn.rollback()
-            raise
+            if not _moved(err):
+                raise
+            row = await (await self._raw(conn, "row", [self.key])).fetchone()
+            await conn.rollback()
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
         return Committed()
 
     async def hold(self, conn: psycopg.AsyncConnection[Any]) -> Held | Lost:
