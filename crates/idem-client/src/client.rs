@@ -139,6 +139,15 @@ impl<C> IdemClient<C> {
     pub fn can_wait(&self) -> bool {
         self.wait_connections.is_some()
     }
+
+    /// Whether `complete_replicated` can run: wait connections that keep a
+    /// pipeline on one connection (`DedicatedConnections`; not
+    /// `MemoryStore`'s).
+    pub fn can_ack_replicas(&self) -> bool {
+        self.wait_connections
+            .as_ref()
+            .is_some_and(|wait| wait.runs_pipelines())
+    }
 }
 
 impl<C> IdemClient<C>
@@ -315,7 +324,23 @@ where
                     replies.len()
                 ))
             })?;
-        parse_ok(&completed.extract_error()?)?;
+        let completed = completed
+            .extract_error()
+            .map_err(IdemError::from)
+            .and_then(|value| parse_ok(&value));
+        match completed {
+            Ok(()) => {}
+            // A client that sent the pipeline again (a cluster connection
+            // retrying it after a reconnect or a redirect) finds its own
+            // first COMPLETE: only this token's holder could have completed
+            // it. Stored; what the WAIT counted then says nothing of it.
+            Err(IdemError::Completed(detail)) => {
+                return Ok(Err(IdemError::Completed(format!(
+                    "{detail} (sent again: the acknowledgement is unknown)"
+                ))));
+            }
+            Err(err) => return Err(err),
+        }
         Ok(match waited.extract_error() {
             Ok(Value::Int(acked)) => Ok(u32::try_from(acked.max(0)).unwrap_or(u32::MAX)),
             Ok(other) => Err(IdemError::UnexpectedReply(format!(

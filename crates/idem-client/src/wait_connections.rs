@@ -26,7 +26,7 @@ pub trait WaitConnections: Send + Sync + 'static {
     /// needs it (`WAIT` counts its own connection's writes, so the COMPLETE
     /// it waits for goes first on the same connection). By default refused:
     /// an implementation that cannot keep the commands on one connection
-    /// must not pretend to.
+    /// must not pretend to (and answers false to `runs_pipelines`).
     fn query_pipeline(
         &self,
         pipeline: Pipeline,
@@ -39,6 +39,12 @@ pub trait WaitConnections: Send + Sync + 'static {
                 "these wait connections do not run pipelines (the replica acknowledgement needs DedicatedConnections)",
             ))))
         })
+    }
+
+    /// Whether `query_pipeline` runs pipelines (false by default, as it
+    /// refuses them): the layer's `replica_ack` needs it.
+    fn runs_pipelines(&self) -> bool {
+        false
     }
 }
 
@@ -151,6 +157,10 @@ where
             }
             result
         })
+    }
+
+    fn runs_pipelines(&self) -> bool {
+        true
     }
 
     fn query_pipeline(

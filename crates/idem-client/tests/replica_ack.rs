@@ -556,6 +556,34 @@ async fn replica_ack_refuses_zero_replicas_a_zero_timeout_and_a_client_that_cann
         let _ = IdempotencyLayer::new(shared).replica_ack(1, Duration::from_secs(1));
     }));
     assert!(cannot_wait.contains("wait connections"), "{cannot_wait}");
+    // MemoryStore's wait connections serve BEGIN's wait but run no
+    // pipeline: every COMPLETE would fail and release the key, so a retry
+    // would run the handler again.
+    let memory = IdemClient::memory(idem_client::MemoryStore::new());
+    let no_pipelines = panic_text(Box::new(move || {
+        let _ = IdempotencyLayer::new(memory).replica_ack(1, Duration::from_secs(1));
+    }));
+    assert!(no_pipelines.contains("run pipelines"), "{no_pipelines}");
+}
+
+/// COMPLETE and WAIT sent again by the same holder (as a cluster connection
+/// retrying the pipeline would): the COMPLETE finds its own record, which is
+/// stored; the acknowledgement is unknown, so 0, not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_replicated_sent_again_finds_its_own_record_and_acknowledges_nothing() {
+    let (primary, _replica) = primary_and_replica();
+    let client = client_of(&primary).await;
+    let token = new_token(&client, "again", b"fp", BeginOptions::new(TTL)).await;
+    let response = StoredResponse::new(201, "paid");
+    let wait = Duration::from_millis(500);
+    let first = client
+        .complete_replicated("again", token, &response, Origin::Handler, 1, wait)
+        .await;
+    assert_eq!(first.unwrap(), 1);
+    let again = client
+        .complete_replicated("again", token, &response, Origin::Handler, 1, wait)
+        .await;
+    assert_eq!(again.unwrap(), 0, "stored, acknowledgement unknown");
 }
 
 /// In a Redis Cluster the COMPLETE and its `WAIT` go to the key's primary

@@ -233,15 +233,17 @@ impl<C> IdempotencyLayer<C> {
     ///
     /// # Panics
     /// When `replicas` is 0 or `timeout` is zero (`WAIT` with 0 blocks for
-    /// ever), or the client has no wait connections (`IdemClient::standalone`,
-    /// `IdemClient::cluster` or `with_wait_connections` provide them).
+    /// ever), or the client's wait connections cannot keep COMPLETE and
+    /// `WAIT` on one connection (`IdemClient::standalone` and
+    /// `IdemClient::cluster` provide ones that can; `MemoryStore`'s cannot).
     pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
         if let Err(reason) = check_replica_ack(replicas, timeout) {
             panic!("{reason}");
         }
         assert!(
-            self.config.client.can_wait(),
-            "replica_ack needs an IdemClient with wait connections"
+            self.config.client.can_ack_replicas(),
+            "replica_ack needs an IdemClient whose wait connections run pipelines \
+             (IdemClient::standalone or cluster, or DedicatedConnections)"
         );
         self.config.replica_ack = Some(ReplicaAck { replicas, timeout });
         self
