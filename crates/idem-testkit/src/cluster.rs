@@ -353,21 +353,7 @@ impl SentinelSetup {
     /// primary takes to be declared down.
     pub fn start(name: &str, sentinels: usize, down_after_ms: u64) -> Self {
         let primary = RedisServer::start();
-        let mut config = RedisConfig::default();
-        config.server_args.extend([
-            "--replicaof".to_string(),
-            "127.0.0.1".to_string(),
-            primary.port.to_string(),
-        ]);
-        let replica = config.start();
-        let mut c = replica.conn();
-        let synced = eventually(Duration::from_secs(20), || {
-            info(&mut c, "replication")
-                .get("master_link_status")
-                .map(String::as_str)
-                == Some("up")
-        });
-        assert!(synced, "the replica did not sync");
+        let replica = RedisServer::start_replica_of(&primary);
         let quorum = sentinels / 2 + 1;
         let sentinels: Vec<Sentinel> = (0..sentinels)
             .map(|_| Sentinel::start(name, primary.port, quorum, down_after_ms))

@@ -400,10 +400,7 @@ impl Fence {
         .await?;
         Ok(match written {
             Written::Held => Commit::Committed,
-            Written::Lost(claim) => {
-                self.set_report(FenceReport::Decided(claim.clone()));
-                Commit::Lost(claim)
-            }
+            Written::Lost(claim) => Commit::Lost(self.decided(claim)),
         })
     }
 
@@ -436,10 +433,7 @@ impl Fence {
                 self.set_report(FenceReport::Committed(response.clone()));
                 Commit::Committed
             }
-            Written::Lost(claim) => {
-                self.set_report(FenceReport::Decided(claim.clone()));
-                Commit::Lost(claim)
-            }
+            Written::Lost(claim) => Commit::Lost(self.decided(claim)),
         })
     }
 
@@ -464,10 +458,7 @@ impl Fence {
                 self.set_report(FenceReport::Claimed(Release::default()));
                 Hold::Held
             }
-            Written::Lost(claim) => {
-                self.set_report(FenceReport::Decided(claim.clone()));
-                Hold::Lost(claim)
-            }
+            Written::Lost(claim) => Hold::Lost(self.decided(claim)),
         })
     }
 
@@ -527,6 +518,12 @@ impl Fence {
                 false
             }
         }
+    }
+
+    /// Tells the middleware the key holds `claim`, and answers it.
+    fn decided(&self, claim: Claim) -> Claim {
+        self.set_report(FenceReport::Decided(claim.clone()));
+        claim
     }
 
     fn set_report(&self, report: FenceReport) {

@@ -579,6 +579,20 @@ fn claim_error(error: tokio_postgres::Error) -> IdemError {
     error.into()
 }
 
+/// What the key holds for `token`, as [`decide`] answers on its row (no
+/// row: `InFlight`).
+async fn key_holds<E: Exec + ?Sized>(
+    exec: &E,
+    key: &str,
+    fingerprint_hex: &str,
+    token: i64,
+) -> Result<Claim, IdemError> {
+    Ok(match existing(exec, key).await? {
+        Some(row) => decide(row, fingerprint_hex, token),
+        None => Claim::InFlight,
+    })
+}
+
 /// After a fenced write found no row held with `token`: what the key holds.
 async fn lost<E: Exec + ?Sized>(
     exec: &E,
@@ -586,27 +600,37 @@ async fn lost<E: Exec + ?Sized>(
     fingerprint_hex: &str,
     token: i64,
 ) -> Result<Written, IdemError> {
-    let claim = match existing(exec, key).await? {
-        Some(row) => match decide(row, fingerprint_hex, token) {
+    Ok(Written::Lost(
+        match key_holds(exec, key, fingerprint_hex, token).await? {
             // Completed with this very token: an earlier completion of ours.
             Claim::Proceed => Claim::InFlight,
             other => other,
         },
-        None => Claim::InFlight,
-    };
-    Ok(Written::Lost(claim))
+    ))
 }
 
-/// [`COMPLETE_SQL`]'s first five parameters, owned for the call.
+/// [`COMPLETE_SQL`]'s parameters, owned for the call.
 struct Completion<'r> {
+    key: &'r str,
+    token: i64,
     status: i32,
     body: &'r [u8],
     headers: Vec<&'r [u8]>,
+    idle: Option<String>,
+    fail_when_not_held: bool,
 }
 
 impl<'r> Completion<'r> {
-    fn new(response: &'r StoredResponse) -> Self {
+    fn new(
+        key: &'r str,
+        token: i64,
+        guard: Guard,
+        response: &'r StoredResponse,
+        fail_when_not_held: bool,
+    ) -> Self {
         Completion {
+            key,
+            token,
             status: i32::from(response.status),
             body: &response.body,
             headers: response
@@ -614,7 +638,22 @@ impl<'r> Completion<'r> {
                 .iter()
                 .flat_map(|(name, value)| [name.as_bytes(), value.as_ref()])
                 .collect(),
+            idle: guard.idle(),
+            fail_when_not_held,
         }
+    }
+
+    /// `$1` to `$7`, in [`COMPLETE_TYPES`]' order.
+    fn params(&self) -> [&(dyn ToSql + Sync); 7] {
+        [
+            &self.key,
+            &self.token,
+            &self.status,
+            &self.body,
+            &self.headers,
+            &self.idle,
+            &self.fail_when_not_held,
+        ]
     }
 }
 
@@ -628,11 +667,10 @@ pub(crate) async fn complete<E: Exec>(
     guard: Guard,
     response: &StoredResponse,
 ) -> Result<Written, IdemError> {
-    let c = Completion::new(response);
-    let (idle, fail) = (guard.idle(), false);
-    let params: [&(dyn ToSql + Sync); 7] =
-        [&key, &token, &c.status, &c.body, &c.headers, &idle, &fail];
-    let rows = tx.query(COMPLETE_SQL, COMPLETE_TYPES, &params).await?;
+    let completion = Completion::new(key, token, guard, response, false);
+    let rows = tx
+        .query(COMPLETE_SQL, COMPLETE_TYPES, &completion.params())
+        .await?;
     if first_column(&rows, "completion")? {
         Ok(Written::Held)
     } else {
@@ -660,10 +698,8 @@ pub(crate) async fn complete_and_commit<'a, T: FenceTransaction<'a>>(
     // in a round trip of its own), and held: nothing between here and the
     // send can turn the completion into a prepare behind the COMMIT.
     let statement = tx.cached_statement(COMPLETE_SQL, COMPLETE_TYPES).await?;
-    let c = Completion::new(response);
-    let (idle, fail) = (guard.idle(), true);
-    let params: [&(dyn ToSql + Sync); 7] =
-        [&key, &token, &c.status, &c.body, &c.headers, &idle, &fail];
+    let args = Completion::new(key, token, guard, response, true);
+    let params = args.params();
     let typed: Vec<(&(dyn ToSql + Sync), Type)> = match statement {
         Some(_) => Vec::new(),
         None => params
@@ -709,16 +745,13 @@ pub(crate) async fn complete_and_commit<'a, T: FenceTransaction<'a>>(
         (_, Err(err)) => Err(err.into()),
         (Ok(rows), Ok(())) => first_column(&rows, "completion").map(|_| Written::Held),
         (Err(err), Ok(())) if is_not_held(&err) || is_moved(&err) => {
-            match existing(&tx, key).await {
-                Ok(Some(row)) => match decide(row, fingerprint_hex, token) {
-                    // Still this holder's: a serialization failure of its
-                    // own transaction, not a takeover.
-                    Claim::Proceed if !is_not_held(&err) => Err(err.into()),
-                    // Completed with this very token: an earlier completion.
-                    Claim::Proceed => Ok(Written::Lost(Claim::InFlight)),
-                    other => Ok(Written::Lost(other)),
-                },
-                Ok(None) => Ok(Written::Lost(Claim::InFlight)),
+            match key_holds(&tx, key, fingerprint_hex, token).await {
+                // Still this holder's: a serialization failure of its own
+                // transaction, not a takeover.
+                Ok(Claim::Proceed) if !is_not_held(&err) => Err(err.into()),
+                // Completed with this very token: an earlier completion.
+                Ok(Claim::Proceed) => Ok(Written::Lost(Claim::InFlight)),
+                Ok(other) => Ok(Written::Lost(other)),
                 Err(read) => Err(read),
             }
         }
