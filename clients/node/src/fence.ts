@@ -2,20 +2,23 @@
 // node-postgres: a key's idempotency row is claimed durably (a short
 // statement of its own, with a lease) before the handler calls anything
 // outside Postgres, and completed in the short transaction that writes the
-// business effect, only while it is still held with the claim's token. The
-// effect and the authoritative record commit or roll back together whatever
-// Redis forgets, and no transaction spans a foreign call. The statements are
-// the Rust crate's, read from spec/fence.json and run as written.
+// business effect, only while it is still held with the claim's token (or,
+// for an effect that is one INSERT, UPDATE or DELETE, in one autocommitted
+// statement with it: commitEffect). The effect and the authoritative record
+// commit or roll back together whatever Redis forgets, and no transaction
+// spans a foreign call. The statements are the Rust crate's, read from
+// spec/fence.json and run as written.
 import type { ClientBase, Pool, QueryResult } from "pg";
 import * as spec from "./spec.js";
-import { PostgresError } from "./errors.js";
+import { BadArgError, PostgresError } from "./errors.js";
 import { downstreamKeyOf, storedHex } from "./fingerprint.js";
 import { decodeRow } from "./readThrough.js";
 import { isPool, describe, sqlstate, type Source } from "./pg.js";
 import { checkToken, STATUS_MAX, STATUS_MIN } from "./wire.js";
 import type { InFlight, Mismatch, Replay, StoredResponse } from "./types.js";
 
-type Statement = keyof spec.FenceSpec["statements"];
+/** The statements run as written (complete_with_effect takes the caller's effect: effectQuery). */
+type Statement = Exclude<keyof spec.FenceSpec["statements"], "complete_with_effect">;
 
 /** This holder holds the key: run the business logic, then commit. */
 export interface Proceed {
@@ -58,6 +61,33 @@ function statement(name: Statement, values: unknown[]): { text: string; values: 
   }
   return { text: sql, values, rowMode: "array" };
 }
+/**
+ * commitEffect's effect, checked before anything is sent: one INSERT, UPDATE or DELETE (its first word, in any case;
+ * a SELECT there would never run), trimmed, a trailing semicolon dropped. Otherwise the package's BadArgError.
+ */
+function effectStatement(effect: unknown): string {
+  if (typeof effect !== "string") throw new TypeError(`the fenced effect must be an SQL string, not ${typeof effect}`);
+  const trimmed = effect.trim().replace(/;+$/, "").trimEnd();
+  const verb = (/^[A-Za-z]*/.exec(trimmed)?.[0] ?? "").toLowerCase();
+  if (!["insert", "update", "delete"].includes(verb)) {
+    throw new BadArgError(`the fenced effect must be one INSERT, UPDATE or DELETE statement, not ${JSON.stringify(trimmed.slice(0, 40))}`);
+  }
+  return trimmed;
+}
+
+/**
+ * spec/fence.json's complete_with_effect with `effect` (checked by effectStatement) in place of its placeholder:
+ * `fenceValues` are its own parameters, `effectValues` the effect's, numbered from effect_first_param.
+ */
+function effectQuery(effect: string, fenceValues: unknown[], effectValues: readonly unknown[]): { text: string; values: unknown[]; rowMode: "array" } {
+  const { sql, params, effect_placeholder: placeholder, effect_first_param: first } = spec.fence().statements.complete_with_effect;
+  if (fenceValues.length !== params.length || first !== params.length + 1 || !sql.includes(placeholder)) {
+    throw new PostgresError(`spec/fence.json's complete_with_effect takes ${params.length} parameters before the effect's ($${first}), and ${placeholder} in its SQL`);
+  }
+  // A function, so that `$$` or `$&` in the effect are not read as replacement patterns.
+  return { text: sql.replace(placeholder, () => effect), values: [...fenceValues, ...effectValues], rowMode: "array" };
+}
+
 const ms = (v: number | null): string | null => (v === null ? null : String(Math.max(1, Math.round(v))));
 
 /**
@@ -336,8 +366,13 @@ export class Fence {
 
   /** COMPLETE_SQL's parameters: `fail` makes a row not held fail the statement (and so abort the transaction). */
   private completion(response: StoredResponse, fail: boolean): unknown[] {
+    return [...this.completionWithEffect(response), fail];
+  }
+
+  /** COMPLETE_WITH_EFFECT_SQL's own parameters (COMPLETE_SQL's but fail_when_not_held: it always fails when not held). */
+  private completionWithEffect(response: StoredResponse): unknown[] {
     const [status, body, headers] = encoded(response); // a TypeError before anything is sent
-    return [this.key, this.token.toString(), status, body, headers, ms(this.idleTimeoutMs), fail];
+    return [this.key, this.token.toString(), status, body, headers, ms(this.idleTimeoutMs)];
   }
 
   /** After a fenced write found no row held with this token: what the key holds (a Proceed there is InFlight). */
@@ -481,6 +516,50 @@ export class Fence {
     } catch (err) {
       throw err instanceof PostgresError ? err : new PostgresError(describe(err), { cause: err });
     }
+    return { kind: "committed" };
+  }
+
+  /**
+   * commit without a transaction, for an effect that is one INSERT, UPDATE or DELETE whose values (and so the
+   * response) are known before it runs (ids the application makes or reserved, its own clock): the completion and
+   * `effect` commit together in one autocommitted statement (spec/fence.json complete_with_effect), one round trip
+   * instead of BEGIN, the effect, the completion and COMMIT. Number the effect's parameters from $7
+   * (effect_first_param; the fence's own come first) and pass their values as `params`. Then tells the middleware,
+   * as commit does.
+   *
+   * `source` is a pool (a client is taken for the call) or a client outside any transaction (a client inside one is
+   * refused: the statement would commit only with the caller's transaction, and a Lost holder's effect with it). An
+   * effect that is not one INSERT, UPDATE or DELETE is a BadArgError and a response that is not a valid
+   * StoredResponse a TypeError, both before anything is sent. When the key was lost (the statement fails as not
+   * held, or on the partitioned layout a takeover moved the row while it waited for the gate) nothing is committed,
+   * the effect neither, and the answer is Lost with what the key holds, read outside any transaction (a moved row
+   * still this holder's is the error). An effect that fails (a constraint) fails the completion with it: nothing is
+   * committed, the claim stays this holder's, and the error is a PostgresError.
+   */
+  async commitEffect(source: Source, response: StoredResponse, effect: string, params: readonly unknown[] = []): Promise<Committed | Lost> {
+    const pool = isPool(source) ? source : null;
+    if (pool === null) requireStatus(source as ClientBase, "I", "commitEffect"); // refused: nothing sent
+    if (!Array.isArray(params)) throw new TypeError("the fenced effect's parameters must be an array");
+    const query = effectQuery(effectStatement(effect), this.completionWithEffect(response), params);
+    let conn: ClientBase;
+    try {
+      conn = pool === null ? (source as ClientBase) : await pool.connect();
+    } catch (err) {
+      throw new PostgresError(describe(err), { cause: err });
+    }
+    let broken = false;
+    try {
+      // A row not held fails the statement, so an answer is the completion's and the effect's commit.
+      await conn.query(query);
+    } catch (err) {
+      // No SQLSTATE: not the server's answer (the connection, or a parameter node-postgres could not encode).
+      broken = sqlstate(err) === undefined;
+      if (!isNotHeld(err) && !isMoved(err)) throw new PostgresError(describe(err), { cause: err });
+      return await this.lostAfter(conn, err);
+    } finally {
+      if (pool !== null) (conn as { release?: (e?: boolean) => void }).release?.(broken);
+    }
+    this.report?.set("committed", { committed: response });
     return { kind: "committed" };
   }
 

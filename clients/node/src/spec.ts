@@ -90,7 +90,10 @@ export interface FenceSpec {
   statements: Record<
     "claim" | "partitioned_gate" | "partitioned_claim" | "row" | "complete" | "renew" | "release",
     { params: string[]; sql: string }
-  >;
+  > & {
+    /** The completion and the caller's effect in one statement: `effect_placeholder` in `sql` stands for the effect, whose parameters start at `effect_first_param`. */
+    complete_with_effect: { params: string[]; sql: string; effect_placeholder: string; effect_first_param: number };
+  };
 }
 
 export interface ReadThroughSpec {
