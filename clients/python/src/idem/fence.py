@@ -21,19 +21,28 @@ this holder's (then the error). Where pipeline mode is unavailable (a libpq
 older than 14) it runs them one after the other (the completion answering
 ``held``, a ``ROLLBACK`` when it is not).
 
+``commit_effect`` is ``commit`` without a transaction, for an effect that is
+one INSERT, UPDATE or DELETE whose values (and so the response) are known
+before it runs: spec/fence.json's ``complete_with_effect`` with the effect in
+place of its placeholder, one autocommitted statement (one round trip, no
+``BEGIN`` or ``COMMIT``) that commits the completion and the effect together
+or neither.
+
 ``Fence`` works on psycopg connections and ``ConnectionPool``\\s;
 ``AsyncFence`` is its asyncio twin.
 
 Claims answer ``Proceed()``, ``Replay(response)``, ``InFlight(...)`` or
-``Mismatch()``; ``complete``/``commit`` answer ``Committed()`` or
-``Lost(claim)``; ``hold`` answers ``Held()`` or ``Lost(claim)``.
+``Mismatch()``; ``complete``/``commit``/``commit_effect`` answer
+``Committed()`` or ``Lost(claim)``; ``hold`` answers ``Held()`` or ``Lost(claim)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -196,6 +205,34 @@ _UNFAILED = (
 )
 
 
+_EFFECT_SPEC: dict[str, Any] = _FENCE["statements"]["complete_with_effect"]
+EFFECT_FIRST_PARAM: int = int(_EFFECT_SPEC["effect_first_param"])
+"""The number of the first of ``commit_effect``'s parameters (``$7``): the
+fence's own come first."""
+_EFFECT_VERB = re.compile(r"[A-Za-z]*")
+_EFFECT_VERBS = ("insert", "update", "delete")
+
+_EFFECT_UNFAILED = (
+    "the completion with the effect answered 'not held' instead of failing (spec/fence.json's "
+    "complete_with_effect changed?): its effect committed"
+)
+
+
+def _effect_statement(effect: str) -> str:
+    """spec/fence.json's ``complete_with_effect`` with ``effect`` in place of
+    its placeholder: ``effect`` trimmed, a trailing semicolon dropped, and
+    refused (``ValueError``) unless its first word is INSERT, UPDATE or
+    DELETE (a SELECT there would never run)."""
+    trimmed = effect.strip().rstrip(";").rstrip()
+    verb = _EFFECT_VERB.match(trimmed)
+    if verb is None or verb.group().lower() not in _EFFECT_VERBS:
+        raise ValueError(
+            "the fenced effect must be one INSERT, UPDATE or DELETE statement, "
+            f"not {trimmed[:40]!r}"
+        )
+    return _SQL["complete_with_effect"].replace(_EFFECT_SPEC["effect_placeholder"], trimmed, 1)
+
+
 def _not_held(err: BaseException) -> bool:
     """Whether ``err`` is, or was raised while handling, the completion's
     "not held" failure: psycopg's pipeline may report the skipped ``COMMIT``
@@ -303,6 +340,13 @@ class _Base:
             _ms(self.idle_timeout), fail_when_not_held,
         ]  # fmt: skip
 
+    def _effect_params(self, response: StoredResponse, params: Sequence[Any]) -> list[Any]:
+        """``complete_with_effect``'s parameters in the spec's order (the
+        completion's, by name), then the effect's."""
+        named = dict(zip(_FENCE["statements"]["complete"]["params"],
+                         self._complete_params(response, True), strict=True))  # fmt: skip
+        return [named[name] for name in _EFFECT_SPEC["params"]] + list(params)
+
     def _renew_params(self) -> list[Any]:
         return [self.key, self.token, self.lease, _ms(self.idle_timeout)]
 
@@ -341,6 +385,23 @@ class _Base:
             raise PostgresError(
                 "commit ends the connection's transaction: call it outside conn.transaction() "
                 "(or use complete inside it)"
+            )
+
+    @staticmethod
+    def _autocommittable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+        """``commit_effect`` runs its statement on its own, autocommitted:
+        refused, before anything is sent, on a connection inside a
+        transaction (the statement would commit or roll back with that
+        transaction, not on its own) or in pipeline mode."""
+        if conn.info.pipeline_status != pq.PipelineStatus.OFF:
+            raise PostgresError(
+                "commit_effect runs one statement on its own: call it outside conn.pipeline()"
+            )
+        status = conn.info.transaction_status
+        if status != pq.TransactionStatus.IDLE:
+            raise PostgresError(
+                "commit_effect needs a connection outside any transaction "
+                f"(the connection is {status.name})"
             )
 
     def _taken_up_front(self) -> bool:
@@ -556,6 +617,71 @@ class Fence(_Base):
             return lost
         return Committed()
 
+    def commit_effect(
+        self,
+        source: psycopg_pool.ConnectionPool[Any] | psycopg.Connection[Any],
+        response: StoredResponse,
+        effect: str,
+        params: Sequence[Any] = (),
+    ) -> Committed | Lost:
+        """``commit`` without a transaction, for an effect that is one
+        INSERT, UPDATE or DELETE and a response known before it runs (ids
+        reserved ahead, the application's clock): the completion and
+        ``effect`` commit together in one autocommitted statement, one round
+        trip, and the middleware is told; number the effect's parameters from
+        ``$7`` (``EFFECT_FIRST_PARAM``; ``$1`` is the key). On ``Lost``
+        nothing is committed, the effect neither. An effect that fails (a
+        constraint) fails the completion with it: the error is raised, the
+        key still held. Another effect is refused with ``ValueError``, and a
+        connection inside a transaction with ``PostgresError``, before
+        anything is sent. A connection that is not autocommit runs the
+        statement in autocommit all the same (switched back after, no
+        transaction left open); through a pool, a connection is taken for
+        the call only."""
+        sql = _effect_statement(effect)
+        try:
+            if isinstance(source, psycopg_pool.ConnectionPool):
+                with source.connection() as conn:
+                    result = self._commit_effect_on(conn, sql, response, params)
+            else:
+                result = self._commit_effect_on(source, sql, response, params)
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        if isinstance(result, Committed):
+            self._set("committed", committed=response)
+        return result
+
+    def _commit_effect_on(
+        self,
+        conn: psycopg.Connection[Any],
+        sql: str,
+        response: StoredResponse,
+        params: Sequence[Any],
+    ) -> Committed | Lost:
+        self._autocommittable(conn)
+        switched = not conn.autocommit
+        if switched:
+            conn.autocommit = True  # no statement: psycopg's own setting
+        try:
+            cursor = psycopg.RawCursor(conn)
+            cursor.execute(sql, self._effect_params(response, params))
+            held = _held(cursor.fetchone())
+        except psycopg.Error as err:
+            if not (_not_held(err) or _moved(err)):
+                raise
+            # Nothing committed; the row read on its own, autocommitted too.
+            lost = self._failed(err, self._raw(conn, "row", [self.key]).fetchone())
+            if lost is None:
+                raise
+            return lost
+        finally:
+            if switched:
+                with contextlib.suppress(psycopg.Error):  # a broken connection stays as it is
+                    conn.autocommit = False
+        if not held:
+            raise PostgresError(_EFFECT_UNFAILED)
+        return Committed()
+
     def hold(self, conn: psycopg.Connection[Any]) -> Held | Lost:
         """Confirms in the caller's transaction that the key is still this
         holder's and renews its lease; it stays held until the transaction ends.
@@ -745,6 +871,59 @@ class AsyncFence(_Base):
             if lost is None:
                 raise
             return lost
+        return Committed()
+
+    async def commit_effect(
+        self,
+        source: psycopg_pool.AsyncConnectionPool[Any] | psycopg.AsyncConnection[Any],
+        response: StoredResponse,
+        effect: str,
+        params: Sequence[Any] = (),
+    ) -> Committed | Lost:
+        """See ``Fence.commit_effect``."""
+        sql = _effect_statement(effect)
+        try:
+            if isinstance(source, psycopg_pool.AsyncConnectionPool):
+                async with source.connection() as conn:
+                    result = await self._commit_effect_on(conn, sql, response, params)
+            else:
+                result = await self._commit_effect_on(source, sql, response, params)
+        except psycopg.Error as err:
+            raise PostgresError(str(err)) from err
+        if isinstance(result, Committed):
+            self._set("committed", committed=response)
+        return result
+
+    async def _commit_effect_on(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        sql: str,
+        response: StoredResponse,
+        params: Sequence[Any],
+    ) -> Committed | Lost:
+        """See ``Fence._commit_effect_on``."""
+        self._autocommittable(conn)
+        switched = not conn.autocommit
+        if switched:
+            await conn.set_autocommit(True)
+        try:
+            cursor = psycopg.AsyncRawCursor(conn)
+            await cursor.execute(sql, self._effect_params(response, params))
+            held = _held(await cursor.fetchone())
+        except psycopg.Error as err:
+            if not (_not_held(err) or _moved(err)):
+                raise
+            row = await (await self._raw(conn, "row", [self.key])).fetchone()
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
+        finally:
+            if switched:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.set_autocommit(False)
+        if not held:
+            raise PostgresError(_EFFECT_UNFAILED)
         return Committed()
 
     async def hold(self, conn: psycopg.AsyncConnection[Any]) -> Held | Lost:
