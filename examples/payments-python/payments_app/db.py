@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from collections import deque
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,20 @@ INSERT = (
     f"RETURNING id, amount, currency, recipient, {CREATED_AT}"
 )
 FIND = f"SELECT id, amount, currency, recipient, {CREATED_AT} FROM payments WHERE id = %s"
+
+INSERT_FENCED = (
+    "INSERT INTO payments (id, amount, currency, recipient, created_at) "
+    "VALUES ($7, $8, $9, $10, $11)"
+)
+"""The fenced payment's row, its values all known beforehand (the id
+reserved, the time the application's), as the effect of
+``AsyncFence.commit_effect``: parameters from ``$7``, the fence's own first."""
+
+RESERVED_IDS = 64
+"""How many ids ``PaymentIds`` reserves per round trip."""
+RESERVE_IDS = (
+    "SELECT nextval(pg_get_serial_sequence('payments', 'id')) FROM generate_series(1, %s::int8)"
+)
 
 POOL_TIMEOUT = 5.0
 """Bound on opening a connection and on waiting for a free one (seconds)."""
@@ -138,10 +154,50 @@ async def insert_payment(
 async def insert_payment_in(
     conn: psycopg.AsyncConnection[Any], amount: int, currency: str, recipient: str
 ) -> Payment:
-    """Inserts a payment in ``conn``'s transaction (the fenced path: it
-    commits with the idempotency row)."""
+    """Inserts a payment in ``conn``'s transaction."""
     cursor = await conn.execute(INSERT, (amount, currency, recipient))
     return _payment(await cursor.fetchone())
+
+
+class PaymentIds:
+    """Payment ids reserved ahead from the table's own sequence,
+    ``RESERVED_IDS`` per round trip, so a fenced payment's response (its id)
+    is known before its row is written (db.rs ``PaymentIds``). Ids are unique
+    with every other writer of the table (each is a ``nextval``); ids
+    reserved by a process that stops are never used (gaps, as a rolled-back
+    insert leaves)."""
+
+    def __init__(self) -> None:
+        self._ready: deque[int] = deque()
+        # Held by the one task reserving more; the others wait for it.
+        self._reserving = asyncio.Lock()
+
+    async def next(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> int:
+        """The next reserved id, reserving more when none is left."""
+        while True:
+            if self._ready:
+                return self._ready.popleft()
+            async with self._reserving:
+                if self._ready:
+                    continue  # reserved by the task this one waited for
+                async with pool.connection() as conn:
+                    cursor = await conn.execute(RESERVE_IDS, (RESERVED_IDS,))
+                    rows = await cursor.fetchall()
+                self._ready.extend(int(row[0]) for row in rows)
+
+
+def new_payment(id_: int, amount: int, currency: str, recipient: str) -> tuple[Payment, datetime]:
+    """A fenced payment's row and response, before it is written:
+    ``created_at`` is now on the application's clock (microseconds, as
+    Postgres keeps it), formatted as ``CREATED_AT`` formats it."""
+    at = datetime.now(timezone.utc)
+    return Payment(id_, amount, currency, recipient, rfc3339_micros(at)), at
+
+
+def rfc3339_micros(at: datetime) -> str:
+    """``at`` as Postgres' ``CREATED_AT`` formats it: RFC 3339 UTC, six
+    fractional digits, ``Z``."""
+    return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 async def find_payment(

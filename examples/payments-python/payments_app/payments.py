@@ -2,15 +2,16 @@
 ``POST /payments`` (validate, charge at the processor, insert one row, 201)
 and ``GET /payments/{id}``. With the fence (the default) in two phases: a
 durable claim of the key, the processor's charge under the fence's
-downstream key with no Postgres connection held, then one short
-transaction that inserts the payment and completes the key's row, only
-while this request still holds it."""
+downstream key with no Postgres connection held, then one autocommitted
+statement that inserts the payment and completes the key's row, only while
+this request still holds it (``AsyncFence.commit_effect``: the response,
+its id reserved ahead, is known before the row is written)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from payments_app import db
+from payments_app.db import PaymentIds
 from payments_app.processor import Processor
 
 log = logging.getLogger("payments")
@@ -37,6 +39,9 @@ class State:
     db: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
     processor: Processor
     fence: bool
+    ids: PaymentIds = field(default_factory=PaymentIds)
+    """Payment ids reserved ahead: a fenced payment's response is known
+    before its row is written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,19 +125,21 @@ async def create_payment(request: Request) -> Response:
 async def _create_fenced(
     state: State, fence: AsyncFence, request: NewPayment, recipient: str
 ) -> Response:
-    """Claim, charge, then the payment and its idempotency row in one short
-    transaction. A failure after the claim leaves it to the middleware to
-    release (the claim was made through the pool); the retry's charge under
-    the same downstream key finds the first one."""
+    """Claim, charge, then the payment and its idempotency row in one
+    autocommitted statement (the response, its id reserved ahead, is known
+    before the row is written). A failure after the claim leaves it to the
+    middleware to release (the claim was made through the pool); the retry's
+    charge under the same downstream key finds the first one."""
     try:
         claim = await fence.claim(state.db)
         if not isinstance(claim, Proceed):
             return claim_answer(claim)
         await state.processor.charge(fence.downstream_key(), request.amount, request.currency)
-        async with state.db.connection() as conn:
-            payment = await db.insert_payment_in(conn, request.amount, request.currency, recipient)
-            stored = created(payment)
-            result = await fence.commit(conn, stored)
+        id_ = await state.ids.next(state.db)
+        payment, at = db.new_payment(id_, request.amount, request.currency, recipient)
+        stored = created(payment)
+        row = [payment.id, payment.amount, payment.currency, payment.recipient, at]
+        result = await fence.commit_effect(state.db, stored, db.INSERT_FENCED, row)
     except Exception:
         log.exception("fenced payment")
         return internal("the payment could not be stored")
