@@ -2,8 +2,9 @@
 // The example's Postgres side: the pool, the schema (the writer's
 // idempotency_keys from crates/idem-writer/migrations, applied and recorded
 // as the writer applies them, then the payments table and the processor's
-// ledger, the DDL of examples/payments-api/src/db.rs and processor.rs), and
-// its queries.
+// ledger, the DDL of examples/payments-api/src/db.rs and processor.rs), its
+// queries, and the fenced payment's row made before it is written (ids
+// reserved ahead, the application's clock).
 import { readdirSync, readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
@@ -39,6 +40,16 @@ const COLUMNS = `id, amount, currency, recipient, ${CREATED_AT} AS created_at`;
 const INSERT = `INSERT INTO payments (amount, currency, recipient) VALUES ($1, $2, $3) RETURNING ${COLUMNS}`;
 const FIND = `SELECT ${COLUMNS} FROM payments WHERE id = $1`;
 
+/**
+ * The fenced payment's row, its values all known beforehand (the id reserved, the time the application's), as the
+ * effect of Fence.commitEffect: parameters from $7, the fence's own first (examples/payments-api/src/db.rs).
+ */
+export const INSERT_FENCED = "INSERT INTO payments (id, amount, currency, recipient, created_at) VALUES ($7, $8, $9, $10, $11)";
+
+/** How many ids PaymentIds reserves per round trip. */
+export const RESERVED_IDS = 64;
+const RESERVE_IDS = "SELECT nextval(pg_get_serial_sequence('payments', 'id')) FROM generate_series(1, $1::int8)";
+
 /** Bound on opening a connection and on waiting for a free one (as the Rust example's POOL_TIMEOUT). */
 const POOL_TIMEOUT_MS = 5000;
 
@@ -48,7 +59,8 @@ const POOL_TIMEOUT_MS = 5000;
 
 /**
  * A pool of up to `max` connections, in node-postgres' pipeline mode: a query is sent without waiting for the one
- * before it to answer (each still its own Sync), so the fence's completion and COMMIT take one round trip.
+ * before it to answer (each still its own Sync), so a transaction's statements and its COMMIT need not wait for
+ * each other (the fenced payment itself is one statement: Fence.commitEffect).
  * @param {string} databaseUrl
  * @param {number} max
  */
@@ -114,7 +126,7 @@ function payment(row) {
 }
 
 /**
- * Inserts a payment on `conn` (a pool: its own transaction; a client inside BEGIN: the fenced path, committed with the idempotency row).
+ * Inserts a payment on `conn` (the unfenced path: its id and time from Postgres).
  * @param {pg.Pool | pg.PoolClient} conn
  * @param {number} amount
  * @param {string} currency
@@ -123,6 +135,68 @@ function payment(row) {
 export async function insertPayment(conn, amount, currency, recipient) {
   const { rows } = await conn.query({ name: "insert_payment", text: INSERT, values: [amount, currency, recipient] });
   return payment(rows[0]);
+}
+
+/**
+ * Payment ids reserved ahead from the table's own sequence, RESERVED_IDS per round trip, so that a fenced payment's
+ * response (its id) is known before its row is written (examples/payments-api/src/db.rs PaymentIds). Ids are unique
+ * with every other writer of the table (each is a nextval); ids reserved by a process that stops are never used
+ * (gaps, as a rolled-back insert leaves). Kept as Postgres answers a BIGINT: decimal text.
+ */
+export class PaymentIds {
+  /** @type {string[]} */
+  #ready = [];
+  /** The one reservation under way, which the others wait for. @type {Promise<void> | null} */
+  #reserving = null;
+
+  /**
+   * The next reserved id, reserving more when none is left.
+   * @param {pg.Pool} p
+   * @returns {Promise<string>}
+   */
+  async next(p) {
+    for (;;) {
+      const id = this.#ready.shift();
+      if (id !== undefined) return id;
+      this.#reserving ??= this.#reserve(p).finally(() => {
+        this.#reserving = null;
+      });
+      await this.#reserving;
+    }
+  }
+
+  /** @param {pg.Pool} p */
+  async #reserve(p) {
+    const { rows } = await p.query({ name: "reserve_payment_ids", text: RESERVE_IDS, values: [RESERVED_IDS], rowMode: "array" });
+    for (const [id] of rows) this.#ready.push(String(id));
+  }
+}
+
+/**
+ * A fenced payment before it is written: the payment (its response) and the effect's parameters ($7 to $11 of
+ * INSERT_FENCED). `created_at` is now on the application's clock (JavaScript's: milliseconds, so within the six
+ * fractional digits Postgres keeps the last three are 0), inserted as that timestamptz and formatted as CREATED_AT
+ * formats it, so that GET answers the same bytes.
+ * @param {string} id A reserved id (PaymentIds)
+ * @param {number} amount
+ * @param {string} currency
+ * @param {string} recipient
+ * @param {Date} [now]
+ * @returns {{ payment: Payment, row: unknown[] }}
+ */
+export function newPayment(id, amount, currency, recipient, now = new Date()) {
+  const createdAt = rfc3339Micros(now);
+  return { payment: { id: Number(id), amount, currency, recipient, created_at: createdAt }, row: [id, amount, currency, recipient, createdAt] };
+}
+
+/**
+ * `at` as Postgres' CREATED_AT formats it: RFC 3339 UTC, six fractional digits, `Z`.
+ * @param {Date} at
+ */
+export function rfc3339Micros(at) {
+  const iso = at.toISOString(); // YYYY-MM-DDTHH:MM:SS.mmmZ
+  if (!/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/.test(iso)) throw new RangeError(`a payment's time must have a four-digit year, not ${iso}`);
+  return `${iso.slice(0, -1)}000Z`;
 }
 
 /**

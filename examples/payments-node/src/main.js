@@ -25,7 +25,7 @@ async function main() {
   } catch (err) {
     throw new Error(`connect to Redis: ${String(err)}`, { cause: err });
   }
-  const state = { db: pool, processor: new Processor(pool, settings.processorDelayMs), fence: settings.fence, log };
+  const state = { db: pool, processor: new Processor(pool, settings.processorDelayMs), fence: settings.fence, ids: new db.PaymentIds(), log };
   const app = await buildApp(state, {
     client,
     leaseMs: settings.leaseMs,

@@ -3,9 +3,10 @@
 // (validate, charge at the processor, insert one row, 201) and
 // GET /payments/{id}. With the fence (the default) in two phases: a durable
 // claim of the key, the processor's charge under the fence's downstream key
-// with no Postgres connection held, then one short transaction that inserts
-// the payment and completes the key's row, only while this request still
-// holds it.
+// with no Postgres connection held, then one autocommitted statement that
+// inserts the payment and completes the key's row, only while this request
+// still holds it (Fence.commitEffect: the response, its id reserved ahead, is
+// known before the row is written).
 import { storedResponse } from "idem-client";
 import * as db from "./db.js";
 
@@ -16,7 +17,7 @@ const FIELDS = ["amount", "currency", "recipient"];
 /**
  * @typedef {{ status: number, headers: Record<string, string>, body: Buffer }} Answer
  * @typedef {{ amount: number, currency: string, recipient: string }} NewPayment
- * @typedef {{ db: import("pg").Pool, processor: import("./processor.js").Processor, fence: boolean, log: (msg: string) => void }} State
+ * @typedef {{ db: import("pg").Pool, processor: import("./processor.js").Processor, fence: boolean, ids: db.PaymentIds, log: (msg: string) => void }} State
  */
 
 /**
@@ -95,9 +96,10 @@ export async function createPayment(state, body, fence) {
 }
 
 /**
- * Claim, charge, then the payment and its idempotency row in one short transaction. A failure after the
- * claim leaves it to the middleware to release (the claim was made through the pool); the retry's charge
- * under the same downstream key finds the first one.
+ * Claim, charge, then the payment and its idempotency row in one autocommitted statement (the response, its id
+ * reserved ahead, is known before the row is written). A failure after the claim leaves it to the middleware to
+ * release (the claim was made through the pool); the retry's charge under the same downstream key finds the first
+ * one.
  * @param {State} state
  * @param {import("idem-client").Fence} fence
  * @param {NewPayment} request
@@ -109,21 +111,12 @@ async function createFenced(state, fence, request, recipient) {
     const claim = await fence.claim(state.db);
     if (claim.kind !== "proceed") return claimAnswer(claim);
     await state.processor.charge(fence.downstreamKey(), request.amount, request.currency);
-    const conn = await state.db.connect();
-    let broken = false;
-    try {
-      await conn.query("BEGIN");
-      const payment = await db.insertPayment(conn, request.amount, request.currency, recipient);
-      const created = createdResponse(payment);
-      const done = await fence.commit(conn, created);
-      // Another holder took the key over meanwhile: nothing was committed; the middleware answers what the key holds.
-      return done.kind === "committed" ? answer(created) : claimAnswer(done.claim);
-    } catch (err) {
-      broken = (await conn.query("ROLLBACK").then(() => false, () => true));
-      throw err;
-    } finally {
-      conn.release(broken);
-    }
+    const id = await state.ids.next(state.db);
+    const { payment, row } = db.newPayment(id, request.amount, request.currency, recipient);
+    const created = createdResponse(payment);
+    const done = await fence.commitEffect(state.db, created, db.INSERT_FENCED, row);
+    // Another holder took the key over meanwhile: nothing was committed; the middleware answers what the key holds.
+    return done.kind === "committed" ? answer(created) : claimAnswer(done.claim);
   } catch (err) {
     state.log(`fenced payment: ${String(err)}`);
     return error(500, "internal", "the payment could not be stored");
