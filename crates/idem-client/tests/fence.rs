@@ -1011,6 +1011,24 @@ async fn a_statement_cache_cleared_midway_never_lets_the_commit_go_first(layout:
 /// the key holds, as for any lost key, and commits nothing.
 #[tokio::test]
 async fn a_takeover_moving_the_row_while_the_completion_waits_is_lost() {
+    moved_while_completing(|mut a, holder| async move {
+        let tx = a.transaction().await.unwrap();
+        tx.execute("INSERT INTO effects (key, token) VALUES ('moved', 10)", &[])
+            .await
+            .unwrap();
+        holder.commit(tx, &response(10)).await
+    })
+    .await;
+}
+
+/// The holder of key `moved` completes with `complete` (its effect a row of
+/// `effects`) while a takeover that moves the row to another partition
+/// holds the gate: the completion is lost and nothing is committed.
+async fn moved_while_completing<F, Fut>(complete: F)
+where
+    F: FnOnce(Client, Fence) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Commit, idem_client::IdemError>> + Send + 'static,
+{
     use idem_writer::partitions::{day_of_ms, ensure_days};
     let layout = TableLayout::Partitioned;
     let (db, check) = database(layout).await;
@@ -1032,13 +1050,7 @@ async fn a_takeover_moving_the_row_while_the_completion_waits_is_lost() {
     let takeover = new_fence(layout, "moved", 20, b"fp", Duration::from_secs(2 * 86_400));
     let tb = b.transaction().await.unwrap();
     assert_eq!(takeover.claim_in(&tb).await.unwrap(), Claim::Proceed);
-    let completing = tokio::spawn(async move {
-        let tx = a.transaction().await.unwrap();
-        tx.execute("INSERT INTO effects (key, token) VALUES ('moved', 10)", &[])
-            .await
-            .unwrap();
-        holder.commit(tx, &response(10)).await
-    });
+    let completing = tokio::spawn(complete(a, holder));
     tokio::time::sleep(Duration::from_millis(300)).await;
     tb.commit().await.unwrap();
     assert_eq!(
@@ -1046,4 +1058,179 @@ async fn a_takeover_moving_the_row_while_the_completion_waits_is_lost() {
         Commit::Lost(Claim::InFlight)
     );
     assert!(effects(&check, "moved").await.is_empty());
+}
+
+// ------------------------------------------------- the one-statement commit
+
+/// The effect `Fence::commit_effect` runs in these tests: one row of
+/// `effects` (`$7` key, `$8` token).
+const EFFECT: &str = "INSERT INTO effects (key, token) VALUES ($7, $8)";
+
+/// [`attempt`] with the completion and the effect in one statement.
+async fn attempt_in_one_statement(client: &mut Client, fence: &Fence) -> Claim {
+    let claim = fence.claim(&mut *client).await.expect("claim");
+    if claim != Claim::Proceed {
+        return claim;
+    }
+    let token = i64::try_from(fence.token()).unwrap();
+    let committed = fence
+        .commit_effect(
+            &mut *client,
+            &response(fence.token()),
+            EFFECT,
+            &[&fence.key(), &token],
+        )
+        .await
+        .expect("commit_effect");
+    match committed {
+        Commit::Committed => Claim::Proceed,
+        Commit::Lost(claim) => claim,
+    }
+}
+
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    the_one_statement_commit_writes_the_effect_with_the_row_or_nothing
+);
+/// `commit_effect` commits the effect and the key's answer together; a
+/// holder that lost the key (its lease lapsed, a retry took it over)
+/// commits neither and answers what the key holds; concurrent holders of
+/// one key commit one effect.
+async fn the_one_statement_commit_writes_the_effect_with_the_row_or_nothing(layout: TableLayout) {
+    let (db, check) = database(layout).await;
+    let (mut a, mut b) = (db.connect().await, db.connect().await);
+    let first = new_fence(layout, "k", 10, b"fp", TTL);
+    assert_eq!(
+        attempt_in_one_statement(&mut a, &first).await,
+        Claim::Proceed
+    );
+    assert_eq!(effects(&check, "k").await, vec![10]);
+    assert_eq!(
+        row(&check, "k").await.unwrap(),
+        ("completed".into(), 10, Some(201))
+    );
+    assert!(outside_transaction(&a, &check).await);
+    let again = new_fence(layout, "k", 11, b"fp", TTL);
+    assert_eq!(
+        attempt_in_one_statement(&mut b, &again).await,
+        Claim::Replay(response(10))
+    );
+
+    // The holder wakes after a takeover that committed: Lost, nothing written.
+    let lease = Duration::from_millis(300);
+    let holder = new_fence(layout, "t", 10, b"fp", TTL).with_lease(lease);
+    let retry = new_fence(layout, "t", 20, b"fp", TTL).with_lease(lease);
+    assert_eq!(holder.claim(&mut a).await.unwrap(), Claim::Proceed);
+    tokio::time::sleep(lease).await;
+    assert_eq!(
+        attempt_in_one_statement(&mut b, &retry).await,
+        Claim::Proceed
+    );
+    assert_eq!(
+        holder
+            .commit_effect(&mut a, &response(10), EFFECT, &[&"t", &10_i64])
+            .await
+            .unwrap(),
+        Commit::Lost(Claim::Replay(response(20)))
+    );
+    assert_eq!(effects(&check, "t").await, vec![20]);
+
+    // Lost before the new holder committed: in flight, nothing written.
+    let first = new_fence(layout, "j", 10, b"fp", TTL).with_lease(lease);
+    let second = new_fence(layout, "j", 20, b"fp", TTL).with_lease(lease);
+    assert_eq!(first.claim(&mut a).await.unwrap(), Claim::Proceed);
+    tokio::time::sleep(lease).await;
+    assert_eq!(second.claim(&mut b).await.unwrap(), Claim::Proceed);
+    assert_eq!(
+        first
+            .commit_effect(&mut a, &response(10), EFFECT, &[&"j", &10_i64])
+            .await
+            .unwrap(),
+        Commit::Lost(Claim::InFlight)
+    );
+    assert!(effects(&check, "j").await.is_empty());
+
+    // Holders racing on fresh keys, each on its own connection.
+    for round in 0..3 {
+        let key = format!("race-{round}");
+        let mut clients = Vec::new();
+        for _ in 0..4 {
+            clients.push(db.connect().await);
+        }
+        let answers = join_all(clients.iter_mut().enumerate().map(|(i, client)| {
+            let fence = new_fence(layout, &key, 100 + i as u64, b"fp", TTL);
+            async move { attempt_in_one_statement(client, &fence).await }
+        }))
+        .await;
+        let proceeded = answers.iter().filter(|a| **a == Claim::Proceed).count();
+        assert!(proceeded <= 1, "{answers:?}");
+        assert_eq!(effects(&check, &key).await.len(), proceeded, "{answers:?}");
+    }
+}
+
+idem_testkit::both_layouts!(
+    idem_client::TableLayout,
+    a_failing_or_refused_effect_commits_nothing_and_keeps_the_claim
+);
+/// An effect that fails (a constraint) fails the completion with it; one
+/// that is not an INSERT, UPDATE or DELETE is refused before anything is
+/// sent. Either way nothing is committed and the claim stays the holder's,
+/// which then commits through a pool.
+async fn a_failing_or_refused_effect_commits_nothing_and_keeps_the_claim(layout: TableLayout) {
+    let (db, check) = database(layout).await;
+    let config: tokio_postgres::Config = db.url.parse().unwrap();
+    let pool = Pool::builder(Manager::new(config, NoTls))
+        .max_size(2)
+        .build()
+        .unwrap();
+    let fence = new_fence(layout, "f", 10, b"fp", TTL);
+    assert_eq!(fence.claim(&pool).await.unwrap(), Claim::Proceed);
+    let null: Option<i64> = None;
+    let failed = fence
+        .commit_effect(&pool, &response(10), EFFECT, &[&"f", &null])
+        .await;
+    assert!(
+        matches!(&failed, Err(idem_client::IdemError::Postgres(m)) if m.contains("23502")),
+        "{failed:?}"
+    );
+    for refused in [
+        "SELECT $7::text, $8::int8",
+        "",
+        "WITH x AS (SELECT 1) SELECT 1",
+    ] {
+        let answer = fence
+            .commit_effect(&pool, &response(10), refused, &[&"f", &10_i64])
+            .await;
+        assert!(
+            matches!(answer, Err(idem_client::IdemError::BadArg(_))),
+            "{refused:?}: {answer:?}"
+        );
+    }
+    assert!(effects(&check, "f").await.is_empty());
+    assert_eq!(
+        row(&check, "f").await.unwrap(),
+        ("in_progress".into(), 10, None)
+    );
+    let with_semicolon = format!("{EFFECT};");
+    assert_eq!(
+        fence
+            .commit_effect(&pool, &response(10), &with_semicolon, &[&"f", &10_i64])
+            .await
+            .unwrap(),
+        Commit::Committed
+    );
+    assert_eq!(effects(&check, "f").await, vec![10]);
+}
+
+/// Partitioned layout: a takeover that moves the row to another partition
+/// while the holder's one-statement commit waits for the gate is lost, as
+/// with `commit`, and commits nothing.
+#[tokio::test]
+async fn a_takeover_moving_the_row_while_the_one_statement_commit_waits_is_lost() {
+    moved_while_completing(|mut a, holder| async move {
+        holder
+            .commit_effect(&mut a, &response(10), EFFECT, &[&"moved", &10_i64])
+            .await
+    })
+    .await;
 }

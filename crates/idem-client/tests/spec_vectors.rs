@@ -1053,6 +1053,7 @@ fn fence_statements_are_the_rust_constants() {
         ("PARTITIONED_CLAIM_SQL", fence::PARTITIONED_CLAIM_SQL),
         ("ROW_SQL", fence::ROW_SQL),
         ("COMPLETE_SQL", fence::COMPLETE_SQL),
+        ("COMPLETE_WITH_EFFECT_SQL", fence::COMPLETE_WITH_EFFECT_SQL),
         ("RENEW_SQL", fence::RENEW_SQL),
         ("RELEASE_SQL", fence::RELEASE_SQL),
     ];
@@ -1063,6 +1064,17 @@ fn fence_statements_are_the_rust_constants() {
     );
     assert_eq!(text(&file.doc["not_held"]["sqlstate"]), "22P02");
     assert!(fence::COMPLETE_SQL.contains(fence::NOT_HELD_MESSAGE));
+    assert!(fence::COMPLETE_WITH_EFFECT_SQL.contains(fence::NOT_HELD_MESSAGE));
+    let with_effect = &file.doc["statements"]["complete_with_effect"];
+    assert_eq!(
+        uint(&with_effect["effect_first_param"]),
+        fence::EFFECT_FIRST_PARAM as u64
+    );
+    let placeholder = text(&with_effect["effect_placeholder"]);
+    assert_eq!(
+        fence::COMPLETE_WITH_EFFECT_SQL.matches(placeholder).count(),
+        1
+    );
     let seed = format!("hashtextextended($1, {})", uint(&file.doc["lock_seed"]));
     for (name, statement) in statements {
         let rust = text(&statement["rust"]);

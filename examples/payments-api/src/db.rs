@@ -1,7 +1,9 @@
 //! The example's Postgres side: connection pool, its own migration (the
 //! `payments` table) and its queries.
 
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -116,19 +118,99 @@ pub async fn insert_payment(
     payment_from_row(&row)
 }
 
-/// Inserts a payment inside `tx` (the fenced path: it commits with the
-/// idempotency row).
-pub async fn insert_payment_in(
-    tx: &deadpool_postgres::Transaction<'_>,
+/// The fenced payment's row, its values all known beforehand (the id
+/// reserved, the time the application's), as the effect of
+/// `Fence::commit_effect`: parameters from `$7`, the fence's own first.
+pub const INSERT_FENCED: &str =
+    "INSERT INTO payments (id, amount, currency, recipient, created_at) \
+     VALUES ($7, $8, $9, $10, $11)";
+
+/// How many ids [`PaymentIds`] reserves per round trip.
+const RESERVED_IDS: i64 = 64;
+
+/// Payment ids reserved ahead from the table's own sequence, `RESERVED_IDS`
+/// per round trip, so a fenced payment's response (its id) is known before
+/// its row is written. Ids are unique with every other writer of the table
+/// (each is a `nextval`); ids reserved by a process that stops are never
+/// used (gaps, as a rolled-back insert leaves).
+#[derive(Debug, Default)]
+pub struct PaymentIds {
+    ready: Mutex<VecDeque<i64>>,
+    /// Held by the one task reserving more; the others wait for it.
+    reserving: tokio::sync::Mutex<()>,
+}
+
+impl PaymentIds {
+    /// The next reserved id, reserving more when none is left.
+    pub async fn next(&self, pool: &Pool) -> anyhow::Result<i64> {
+        loop {
+            if let Some(id) = self.pop() {
+                return Ok(id);
+            }
+            let _reserving = self.reserving.lock().await;
+            if self.has_any() {
+                continue;
+            }
+            let client = pool.get().await.context("connect to Postgres")?;
+            let statement = client
+                .prepare_cached(
+                    "SELECT nextval(pg_get_serial_sequence('payments', 'id')) \
+                     FROM generate_series(1, $1::int8)",
+                )
+                .await?;
+            let rows = client.query(&statement, &[&RESERVED_IDS]).await?;
+            let ids = rows
+                .iter()
+                .map(|row| row.try_get::<_, i64>(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.lock().extend(ids);
+        }
+    }
+
+    fn pop(&self) -> Option<i64> {
+        self.lock().pop_front()
+    }
+
+    fn has_any(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<i64>> {
+        self.ready
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A fenced payment's row and response, before it is written: `created_at`
+/// is now on the application's clock, to the microsecond Postgres keeps.
+pub fn new_payment(
+    id: i64,
     amount: i64,
     currency: &str,
     recipient: &str,
-) -> anyhow::Result<Payment> {
-    let statement = tx.prepare_cached(&insert_sql()).await?;
-    let row = tx
-        .query_one(&statement, &[&amount, &currency, &recipient])
-        .await?;
-    payment_from_row(&row)
+) -> anyhow::Result<(Payment, SystemTime)> {
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    let at = UNIX_EPOCH + Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
+    let payment = Payment {
+        id,
+        amount,
+        currency: currency.to_owned(),
+        recipient: recipient.to_owned(),
+        created_at: rfc3339_micros(at)?,
+    };
+    Ok((payment, at))
+}
+
+/// `at` as Postgres' [`CREATED_AT`] formats it: RFC 3339 UTC, microseconds.
+fn rfc3339_micros(at: SystemTime) -> anyhow::Result<String> {
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
+    );
+    Ok(time::OffsetDateTime::from(at).format(&format)?)
 }
 
 pub async fn find_payment(pool: &Pool, id: i64) -> anyhow::Result<Option<Payment>> {

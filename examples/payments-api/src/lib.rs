@@ -37,6 +37,9 @@ pub struct AppState {
     pub processor: processor::Processor,
     /// New payments commit with their idempotency row (the fence) (default: on).
     pub fence: bool,
+    /// Payment ids reserved ahead: a fenced payment's response is known
+    /// before its row is written.
+    pub ids: Arc<db::PaymentIds>,
 }
 
 impl AppState {
@@ -45,6 +48,7 @@ impl AppState {
             processor: processor::Processor::new(db.clone(), Duration::ZERO),
             db,
             fence: true,
+            ids: Arc::default(),
         }
     }
 

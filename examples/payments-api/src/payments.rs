@@ -14,6 +14,7 @@ use idem_client::middleware::IDEMPOTENT_REPLAYED;
 use idem_client::{Claim, Commit, Fence, StoredResponse};
 use serde::Deserialize;
 use serde_json::json;
+use tokio_postgres::types::ToSql;
 
 use crate::db;
 use crate::AppState;
@@ -90,10 +91,11 @@ pub async fn create_payment(
 }
 
 // ANCHOR: create_fenced
-/// Claim, charge, then the payment and its idempotency row in one short
-/// transaction. A failure after the claim leaves it to the middleware to
-/// release (the claim was made through the pool); the retry's charge under
-/// the same downstream key finds the first one.
+/// Claim, charge, then the payment and its idempotency row in one
+/// autocommitted statement (the response, its id reserved ahead, is known
+/// before the row is written). A failure after the claim leaves it to the
+/// middleware to release (the claim was made through the pool); the retry's
+/// charge under the same downstream key finds the first one.
 async fn create_fenced(
     state: &AppState,
     fence: &Fence,
@@ -110,12 +112,20 @@ async fn create_fenced(
             .processor
             .charge(Some(&downstream_key), request.amount, &request.currency)
             .await?;
-        let mut client = state.db.get().await?;
-        let tx = client.transaction().await?;
-        let payment =
-            db::insert_payment_in(&tx, request.amount, &request.currency, recipient).await?;
+        let id = state.ids.next(&state.db).await?;
+        let (payment, at) = db::new_payment(id, request.amount, &request.currency, recipient)?;
         let created = created(&payment)?;
-        anyhow::Ok(match fence.commit(tx, &created).await? {
+        let row: [&(dyn ToSql + Sync); 5] = [
+            &payment.id,
+            &payment.amount,
+            &payment.currency,
+            &payment.recipient,
+            &at,
+        ];
+        let committed = fence
+            .commit_effect(&state.db, &created, db::INSERT_FENCED, &row)
+            .await?;
+        anyhow::Ok(match committed {
             Commit::Committed => http(&created),
             // Another holder took the key over meanwhile: nothing was
             // committed; the middleware answers what the key holds.

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Statement;
 
 use super::sql::{self, ClaimArgs, Guard, Written};
@@ -428,6 +428,47 @@ impl Fence {
             response,
         )
         .await?;
+        Ok(match written {
+            Written::Held => {
+                self.set_report(FenceReport::Committed(response.clone()));
+                Commit::Committed
+            }
+            Written::Lost(claim) => Commit::Lost(self.decided(claim)),
+        })
+    }
+
+    /// [`Fence::commit`] without a transaction, for an effect that is one
+    /// INSERT, UPDATE or DELETE and a response known before it runs (ids
+    /// the application makes or reserved, its own clock): the completion
+    /// and `effect` commit together in one autocommitted statement, one
+    /// round trip instead of `BEGIN`, the effect, the completion and
+    /// `COMMIT`. Number the effect's parameters from `$7`
+    /// ([`EFFECT_FIRST_PARAM`](crate::fence::EFFECT_FIRST_PARAM)): the
+    /// fence's own come first. When the key was lost nothing is committed,
+    /// the effect neither, and the answer is what the key holds; an effect
+    /// that fails (a constraint) fails the completion with it, and the error
+    /// is returned. Through a pool, a connection is taken for the call only.
+    pub async fn commit_effect<'c>(
+        &self,
+        client: impl Into<FenceClient<'c>>,
+        response: &StoredResponse,
+        effect: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Commit, IdemError> {
+        let args = sql::EffectArgs {
+            sql: sql::effect_statement(effect)?,
+            key: &self.key,
+            fingerprint_hex: self.fingerprint.stored_hex(),
+            token: self.token,
+            guard: self.guard(),
+            response,
+            params,
+        };
+        let written = match client.into() {
+            FenceClient::Pool(pool) => sql::complete_with_effect(&pool.get().await?, &args).await?,
+            FenceClient::Pooled(client) => sql::complete_with_effect(&*client, &args).await?,
+            FenceClient::Plain(client) => sql::complete_with_effect(&*client, &args).await?,
+        };
         Ok(match written {
             Written::Held => {
                 self.set_report(FenceReport::Committed(response.clone()));

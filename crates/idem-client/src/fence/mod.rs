@@ -27,8 +27,8 @@ pub(crate) use handle::release_with;
 pub use handle::{Commit, Fence, FenceClient, FenceTransaction, Hold, TableLayout};
 #[cfg(feature = "postgres")]
 pub use sql::{
-    CLAIM_SQL, COMPLETE_SQL, NOT_HELD_MESSAGE, PARTITIONED_CLAIM_SQL, PARTITIONED_GATE_SQL,
-    RELEASE_SQL, RENEW_SQL, ROW_SQL,
+    CLAIM_SQL, COMPLETE_SQL, COMPLETE_WITH_EFFECT_SQL, EFFECT_FIRST_PARAM, NOT_HELD_MESSAGE,
+    PARTITIONED_CLAIM_SQL, PARTITIONED_GATE_SQL, RELEASE_SQL, RENEW_SQL, ROW_SQL,
 };
 
 use crate::StoredResponse;

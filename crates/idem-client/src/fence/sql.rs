@@ -172,6 +172,39 @@ FROM (SELECT count(*) = 1 AS held FROM done) AS d
 ";
 // ANCHOR_END: complete
 
+// ANCHOR: complete_with_effect
+/// [`COMPLETE_SQL`] (failing when not held) and the caller's business
+/// effect in one autocommitted statement: no BEGIN or COMMIT, one round
+/// trip. `{effect}` stands for one INSERT, UPDATE or DELETE whose
+/// parameters are numbered from `$7` ([`EFFECT_FIRST_PARAM`]); `$1` to `$6`
+/// as [`COMPLETE_SQL`]'s. The effect is a data-modifying CTE the main query
+/// does not read, so Postgres runs it after the main query, which fails
+/// when the row is not held: then the statement, effect and all, commits
+/// nothing. An effect that fails fails the completion with it.
+pub const COMPLETE_WITH_EFFECT_SQL: &str = "
+WITH gate AS MATERIALIZED (
+    SELECT CASE WHEN $6::text IS NOT NULL THEN set_config('lock_timeout', $6, true) END,
+           pg_advisory_xact_lock(hashtextextended($1, 1768187245))
+), done AS (
+    UPDATE idempotency_keys AS t SET
+        status = 'completed', response_status = $3, response_body = $4,
+        response_headers = $5, completed_at = now(), fenced = true
+    FROM gate
+    WHERE t.key = $1 AND t.token = $2 AND t.status = 'in_progress'
+    RETURNING 1
+), effect AS (
+{effect}
+)
+SELECT CASE WHEN held THEN held
+            ELSE ('idem fence: the key is not held with this token: ' || held)::boolean END
+FROM (SELECT count(*) = 1 AS held FROM done) AS d
+";
+// ANCHOR_END: complete_with_effect
+
+/// The number of [`COMPLETE_WITH_EFFECT_SQL`]'s first parameter of the
+/// caller's effect (`$7`): the fence's own come first.
+pub const EFFECT_FIRST_PARAM: usize = 7;
+
 /// What the message of [`COMPLETE_SQL`]'s failure (SQLSTATE `22P02`)
 /// contains when the row is not held.
 pub const NOT_HELD_MESSAGE: &str = "idem fence: the key is not held";
@@ -388,6 +421,13 @@ pub(crate) trait Conn: Exec {
     /// A transaction of its own (the partitioned claim's two statements), at
     /// READ COMMITTED whatever the database's default.
     fn begin(&mut self) -> BoxFuture<'_, Result<Self::Tx<'_>, tokio_postgres::Error>>;
+    /// The client, and its statement cache if it has one.
+    fn parts(
+        &self,
+    ) -> (
+        &tokio_postgres::Client,
+        Option<&deadpool_postgres::ClientWrapper>,
+    );
 }
 
 impl Conn for tokio_postgres::Client {
@@ -399,6 +439,14 @@ impl Conn for tokio_postgres::Client {
                 .start(),
         )
     }
+    fn parts(
+        &self,
+    ) -> (
+        &tokio_postgres::Client,
+        Option<&deadpool_postgres::ClientWrapper>,
+    ) {
+        (self, None)
+    }
 }
 
 impl Conn for deadpool_postgres::Object {
@@ -409,6 +457,15 @@ impl Conn for deadpool_postgres::Object {
                 .isolation_level(IsolationLevel::ReadCommitted)
                 .start(),
         )
+    }
+    fn parts(
+        &self,
+    ) -> (
+        &tokio_postgres::Client,
+        Option<&deadpool_postgres::ClientWrapper>,
+    ) {
+        let wrapper: &deadpool_postgres::ClientWrapper = self;
+        (wrapper, Some(wrapper))
     }
 }
 
@@ -744,21 +801,95 @@ pub(crate) async fn complete_and_commit<'a, T: FenceTransaction<'a>>(
     let outcome = match (completion, commit) {
         (_, Err(err)) => Err(err.into()),
         (Ok(rows), Ok(())) => first_column(&rows, "completion").map(|_| Written::Held),
-        (Err(err), Ok(())) if is_not_held(&err) || is_moved(&err) => {
-            match key_holds(&tx, key, fingerprint_hex, token).await {
-                // Still this holder's: a serialization failure of its own
-                // transaction, not a takeover.
-                Ok(Claim::Proceed) if !is_not_held(&err) => Err(err.into()),
-                // Completed with this very token: an earlier completion.
-                Ok(Claim::Proceed) => Ok(Written::Lost(Claim::InFlight)),
-                Ok(other) => Ok(Written::Lost(other)),
-                Err(read) => Err(read),
-            }
-        }
-        (Err(err), Ok(())) => Err(err.into()),
+        (Err(err), Ok(())) => failed_completion(&tx, err, key, fingerprint_hex, token).await,
     };
     tx.end_committed();
     outcome
+}
+
+/// After a completion that failed and committed nothing: `Lost` with what
+/// the key holds when it failed as not held or (on the partitioned layout)
+/// moved by a takeover; else the error.
+async fn failed_completion<E: Exec + ?Sized>(
+    exec: &E,
+    err: tokio_postgres::Error,
+    key: &str,
+    fingerprint_hex: &str,
+    token: i64,
+) -> Result<Written, IdemError> {
+    if !is_not_held(&err) && !is_moved(&err) {
+        return Err(err.into());
+    }
+    match key_holds(exec, key, fingerprint_hex, token).await? {
+        // Still this holder's: a serialization failure of its own
+        // transaction, not a takeover.
+        Claim::Proceed if !is_not_held(&err) => Err(err.into()),
+        // Completed with this very token: an earlier completion.
+        Claim::Proceed => Ok(Written::Lost(Claim::InFlight)),
+        other => Ok(Written::Lost(other)),
+    }
+}
+
+/// [`complete_with_effect`]'s inputs.
+pub(crate) struct EffectArgs<'r> {
+    pub key: &'r str,
+    pub fingerprint_hex: String,
+    pub token: i64,
+    pub guard: Guard,
+    pub response: &'r StoredResponse,
+    /// [`COMPLETE_WITH_EFFECT_SQL`] with the effect in it ([`effect_statement`]).
+    pub sql: String,
+    /// The effect's parameters (`$7` onward).
+    pub params: &'r [&'r (dyn ToSql + Sync)],
+}
+
+/// [`COMPLETE_WITH_EFFECT_SQL`] with its effect: the completion and the
+/// effect commit together in one autocommitted statement, or neither does
+/// (then `Lost` with what the key holds, as [`complete_and_commit`]
+/// answers). Prepared once per connection through its statement cache (a
+/// plain client prepares it on every call: one round trip more).
+pub(crate) async fn complete_with_effect<C: Conn>(
+    conn: &C,
+    args: &EffectArgs<'_>,
+) -> Result<Written, IdemError> {
+    let completion = Completion::new(args.key, args.token, args.guard, args.response, true);
+    let own = completion.params();
+    let params: Vec<&(dyn ToSql + Sync)> = own[..EFFECT_FIRST_PARAM - 1]
+        .iter()
+        .chain(args.params)
+        .copied()
+        .collect();
+    let (client, cache) = conn.parts();
+    let types = &COMPLETE_TYPES[..EFFECT_FIRST_PARAM - 1];
+    let statement = match cache {
+        Some(cache) => cache.prepare_typed_cached(&args.sql, types).await?,
+        None => client.prepare_typed(&args.sql, types).await?,
+    };
+    match client.query(&statement, &params).await {
+        Ok(rows) => first_column(&rows, "completion").map(|_| Written::Held),
+        Err(err) => failed_completion(conn, err, args.key, &args.fingerprint_hex, args.token).await,
+    }
+}
+
+/// [`COMPLETE_WITH_EFFECT_SQL`] around `effect`, which must be one INSERT,
+/// UPDATE or DELETE (a SELECT there would never run); a trailing semicolon
+/// is dropped.
+pub(crate) fn effect_statement(effect: &str) -> Result<String, IdemError> {
+    let trimmed = effect.trim().trim_end_matches(';').trim_end();
+    let verb = trimmed
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or_default();
+    if !["insert", "update", "delete"]
+        .iter()
+        .any(|allowed| verb.eq_ignore_ascii_case(allowed))
+    {
+        return Err(IdemError::BadArg(format!(
+            "the fenced effect must be one INSERT, UPDATE or DELETE statement, not {:?}",
+            trimmed.chars().take(40).collect::<String>()
+        )));
+    }
+    Ok(COMPLETE_WITH_EFFECT_SQL.replacen("{effect}", trimmed, 1))
 }
 
 /// The failure [`COMPLETE_SQL`] makes when asked to (`$7`) and the row is
@@ -815,6 +946,34 @@ mod tests {
             token,
             alive,
             response: completed.then(|| StoredResponse::new(201, "{}")),
+        }
+    }
+
+    #[test]
+    fn the_effect_must_be_one_write() {
+        for effect in [
+            "INSERT INTO t VALUES ($7)",
+            "  update t SET a = $7 ;\n",
+            "Delete FROM t WHERE a = $7",
+            "INSERT INTO t VALUES ($7);",
+        ] {
+            let sql = effect_statement(effect).expect(effect);
+            assert!(!sql.contains(';'), "{sql}");
+            assert!(sql.contains(effect.trim().trim_end_matches(';').trim_end()));
+            assert!(!sql.contains("{effect}"));
+        }
+        for effect in [
+            "",
+            ";",
+            "SELECT 1",
+            "WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x",
+            "-- note\nINSERT INTO t VALUES ($7)",
+            "inserts",
+        ] {
+            assert!(
+                matches!(effect_statement(effect), Err(IdemError::BadArg(_))),
+                "{effect:?}"
+            );
         }
     }
 
