@@ -525,7 +525,9 @@ export class Fence {
    * `effect` commit together in one autocommitted statement (spec/fence.json complete_with_effect), one round trip
    * instead of BEGIN, the effect, the completion and COMMIT. Number the effect's parameters from $7
    * (effect_first_param; the fence's own come first) and pass their values as `params`. Then tells the middleware,
-   * as commit does.
+   * as commit does. The completion commits whatever rows the effect wrote, none included: an effect that may write
+   * none (a conditional UPDATE, ON CONFLICT DO NOTHING) belongs in commit's transaction, where the handler sees the
+   * row count first.
    *
    * `source` is a pool (a client is taken for the call) or a client outside any transaction (a client inside one is
    * refused: the statement would commit only with the caller's transaction, and a Lost holder's effect with it). An

@@ -1220,6 +1220,22 @@ async fn a_failing_or_refused_effect_commits_nothing_and_keeps_the_claim(layout:
         Commit::Committed
     );
     assert_eq!(effects(&check, "f").await, vec![10]);
+
+    // The completion commits whatever rows the effect wrote, none included
+    // (documented: an effect that may write none belongs in a transaction).
+    let none = new_fence(layout, "n", 10, b"fp", TTL);
+    assert_eq!(none.claim(&pool).await.unwrap(), Claim::Proceed);
+    let matches_nothing = "UPDATE effects SET token = $8 WHERE key = $7 AND false";
+    assert_eq!(
+        none.commit_effect(&pool, &response(10), matches_nothing, &[&"n", &10_i64])
+            .await
+            .unwrap(),
+        Commit::Committed
+    );
+    assert_eq!(
+        row(&check, "n").await.unwrap(),
+        ("completed".into(), 10, Some(201))
+    );
 }
 
 /// Partitioned layout: a takeover that moves the row to another partition

@@ -637,7 +637,10 @@ class Fence(_Base):
         anything is sent. A connection that is not autocommit runs the
         statement in autocommit all the same (switched back after, no
         transaction left open); through a pool, a connection is taken for
-        the call only."""
+        the call only. The completion commits whatever rows the effect
+        wrote, none included: an effect that may write none (a conditional
+        UPDATE, ON CONFLICT DO NOTHING) belongs in ``commit``'s transaction,
+        where the handler sees the row count first."""
         sql = _effect_statement(effect)
         try:
             if isinstance(source, psycopg_pool.ConnectionPool):

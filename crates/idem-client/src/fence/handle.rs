@@ -448,6 +448,18 @@ impl Fence {
     /// the effect neither, and the answer is what the key holds; an effect
     /// that fails (a constraint) fails the completion with it, and the error
     /// is returned. Through a pool, a connection is taken for the call only.
+    ///
+    /// The completion commits whatever rows the effect wrote, none
+    /// included: an effect that may write none (an `UPDATE` whose `WHERE`
+    /// checks a balance, `ON CONFLICT DO NOTHING`) belongs in [`Fence::commit`]'s
+    /// transaction, where the handler sees its row count first. Keep
+    /// `effect` a constant (values as parameters): each distinct text is
+    /// prepared and cached on every connection it runs on. `client` must be
+    /// outside any transaction (a `BEGIN` sent by hand is not detected: the
+    /// statement would then commit only with it, while the middleware
+    /// already stores the answer), and not after [`Fence::claim_in`] with
+    /// that transaction still open (it would wait on its own gate). A plain
+    /// client prepares the statement on every call (a round trip more).
     pub async fn commit_effect<'c>(
         &self,
         client: impl Into<FenceClient<'c>>,
