@@ -214,6 +214,9 @@ function pipelined(conn: ClientBase): boolean {
  */
 const NOT_HELD = spec.fence().not_held;
 
+/** How a completion fails when a takeover moved the row to another partition (spec/fence.json moved). */
+const MOVED = spec.fence().moved;
+
 function isNotHeld(err: unknown): boolean {
   return sqlstate(err) === NOT_HELD.sqlstate && describe(err).includes(NOT_HELD.message_contains);
 }
@@ -223,7 +226,7 @@ function isNotHeld(err: unknown): boolean {
  * moved the row to another partition meanwhile (under READ COMMITTED too).
  */
 function isMoved(err: unknown): boolean {
-  return sqlstate(err) === "40001";
+  return sqlstate(err) === MOVED.sqlstate;
 }
 
 /**

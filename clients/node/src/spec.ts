@@ -87,6 +87,8 @@ export interface FenceSpec {
   lock_seed: number;
   /** How the completion fails when asked to and the row is not held. */
   not_held: { sqlstate: string; message_contains: string };
+  /** How a completion fails when a takeover moved the row to another partition (the partitioned layout). */
+  moved: { sqlstate: string };
   statements: Record<
     "claim" | "partitioned_gate" | "partitioned_claim" | "row" | "complete" | "renew" | "release",
     { params: string[]; sql: string }

@@ -1063,6 +1063,10 @@ fn fence_statements_are_the_rust_constants() {
         fence::NOT_HELD_MESSAGE
     );
     assert_eq!(text(&file.doc["not_held"]["sqlstate"]), "22P02");
+    assert_eq!(
+        text(&file.doc["moved"]["sqlstate"]),
+        tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE.code()
+    );
     assert!(fence::COMPLETE_SQL.contains(fence::NOT_HELD_MESSAGE));
     assert!(fence::COMPLETE_WITH_EFFECT_SQL.contains(fence::NOT_HELD_MESSAGE));
     let with_effect = &file.doc["statements"]["complete_with_effect"];

@@ -249,7 +249,9 @@ def _not_held(err: BaseException) -> bool:
     return False
 
 
-MOVED_SQLSTATE = "40001"
+# How a completion fails when a takeover moved the row on the partitioned
+# layout: spec/fence.json, ``moved``.
+MOVED_SQLSTATE: str = _FENCE["moved"]["sqlstate"]
 
 
 def _moved(err: BaseException) -> bool:
