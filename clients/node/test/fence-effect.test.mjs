@@ -10,7 +10,7 @@ import { test, before } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
 import * as idem from "../dist/index.js";
-import { database, emptyDatabase, key, migrations, sleep } from "./helpers.mjs";
+import { database, key, sleep } from "./helpers.mjs";
 
 const CREATED = idem.storedResponse(201, '{"id":1}', [["content-type", "application/json"]]);
 const IN_FLIGHT = { kind: "in_flight", retryAfterMs: 1000 };
@@ -233,16 +233,9 @@ for (const pipeline of [true, false]) {
   const path = pipeline ? "pipelined" : "plain";
 
   test(`${path}: on the partitioned layout, a takeover that moves the row while the completion waits for the gate makes commitEffect Lost`, async () => {
-    const db = await emptyDatabase();
+    // Daily partitions from today to today + 3 (UTC): a 2-day takeover moves the row.
+    const db = await database("daily");
     const setup = db.pool(1);
-    for (const sql of migrations("partitioned")) await setup.query(sql);
-    await setup.query("CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, amount INT)");
-    // Daily partitions from today to today + 3 (UTC), as the writer makes them: a 2-day takeover moves the row.
-    await setup.query(`DO $$ DECLARE d date; BEGIN
-      FOR d IN SELECT generate_series(0, 3) + (now() AT TIME ZONE 'UTC')::date LOOP
-        EXECUTE format('CREATE TABLE %I PARTITION OF idempotency_keys FOR VALUES FROM (%L) TO (%L)',
-          'idempotency_keys_p' || to_char(d, 'YYYYMMDD'), d || ' 00:00:00+00', (d + 1) || ' 00:00:00+00');
-      END LOOP; END $$`);
     const pool = new pg.Pool({ connectionString: db.url, max: 2, pipeline });
     pool.on("error", () => undefined);
     const taker = new pg.Client({ connectionString: db.url });

@@ -184,7 +184,11 @@ export async function emptyDatabase() {
   };
 }
 
-/** A database of its own with idempotency_keys (and a payments table for the fence), dropped when the file's tests end. */
+/**
+ * A database of its own with idempotency_keys (and a payments table for the fence), dropped when the file's tests end.
+ * `layout` "partitioned" has one partition for every expiry; "daily" is partitioned by day from today to today + 3
+ * (UTC), as the writer makes them, so a takeover with a two-day TTL moves the row to another partition.
+ */
 export async function database(layout = "unpartitioned") {
   const name = `idem_node_${randomUUID().replaceAll("-", "").slice(0, 12)}`;
   await admin(`CREATE DATABASE "${name}"`);
@@ -197,12 +201,19 @@ export async function database(layout = "unpartitioned") {
   const c = new pg.Client({ connectionString: url });
   await c.connect();
   try {
-    for (const sql of migrations(layout)) await c.query(sql);
+    for (const sql of migrations(layout === "daily" ? "partitioned" : layout)) await c.query(sql);
     await c.query("CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, amount INT)");
     if (layout === "partitioned") {
       await c.query(
         "CREATE TABLE idempotency_keys_all PARTITION OF idempotency_keys FOR VALUES FROM (MINVALUE) TO ('9999-12-31 00:00:00+00')",
       );
+    }
+    if (layout === "daily") {
+      await c.query(`DO $$ DECLARE d date; BEGIN
+        FOR d IN SELECT generate_series(0, 3) + (now() AT TIME ZONE 'UTC')::date LOOP
+          EXECUTE format('CREATE TABLE %I PARTITION OF idempotency_keys FOR VALUES FROM (%L) TO (%L)',
+            'idempotency_keys_p' || to_char(d, 'YYYYMMDD'), d || ' 00:00:00+00', (d + 1) || ' 00:00:00+00');
+        END LOOP; END $$`);
     }
   } finally {
     await c.end();

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 import pytest
@@ -26,6 +26,7 @@ import redis
 
 import idem
 import idem.asyncio
+from idem.fence import Fence, Proceed
 
 REPO = Path(__file__).resolve().parents[3]
 RESERVED = {6379, 6390}
@@ -270,36 +271,24 @@ def daily_partitioned_database_url() -> Iterator[str]:
     yield from _database("partitioned", daily=True)
 
 
-class Blackhole:
-    """A TCP proxy to Postgres that can stop forwarding without closing
-    anything (a partition that drops packets): bytes already sent wait, new
-    connections are accepted and hear nothing. ``thaw`` forwards again."""
+class _Proxy:
+    """A TCP proxy on a free local port to ``host:port`` (the test
+    Postgres), for the links the tests shape; subclasses forward."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.port = free_port()
-        self.open = asyncio.Event()
-        self.open.set()
         self._writers: list[asyncio.StreamWriter] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
 
     def url(self, database_url: str) -> str:
+        """``database_url`` through the proxy."""
         parts = urllib.parse.urlsplit(database_url)
-        netloc = (
-            f"{parts.username}@127.0.0.1:{self.port}"
-            if parts.username
-            else (f"127.0.0.1:{self.port}")
-        )
-        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+        user = f"{parts.username}@" if parts.username else ""
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
 
-    def freeze(self) -> None:
-        self.open.clear()
-
-    def thaw(self) -> None:
-        self.open.set()
-
-    async def __aenter__(self) -> Blackhole:
+    async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
         return self
 
@@ -313,15 +302,38 @@ class Blackhole:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class Blackhole(_Proxy):
+    """A TCP proxy to Postgres that can stop forwarding without closing
+    anything (a partition that drops packets): bytes already sent wait, new
+    connections are accepted and hear nothing. ``thaw`` forwards again."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port)
+        self.open = asyncio.Event()
+        self.open.set()
+
+    def freeze(self) -> None:
+        self.open.clear()
+
+    def thaw(self) -> None:
+        self.open.set()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
         await self.open.wait()
         up_reader, up_writer = await asyncio.open_connection(*self.target)
         self._writers.append(up_writer)
         for a, b in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.ensure_future(self._pump(a, b))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._pump(a, b))
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -343,41 +355,14 @@ async def blackhole() -> AsyncIterator[Blackhole]:
         yield proxy
 
 
-class SlowLink:
+class SlowLink(_Proxy):
     """A TCP proxy to Postgres that holds what the server sends for ``delay``
     seconds (in order) before passing it on: each round trip then costs
     ``delay``, so a call's duration counts its round trips."""
 
     def __init__(self, host: str, port: int, delay: float) -> None:
-        self.target = (host, port)
+        super().__init__(host, port)
         self.delay = delay
-        self.port = free_port()
-        self._writers: list[asyncio.StreamWriter] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
-
-    def url(self, database_url: str) -> str:
-        parts = urllib.parse.urlsplit(database_url)
-        user = f"{parts.username}@" if parts.username else ""
-        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
-
-    async def __aenter__(self) -> SlowLink:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.close()
-        for writer in self._writers:
-            writer.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
@@ -429,3 +414,28 @@ async def slow_link() -> AsyncIterator[SlowLink]:
     parts = urllib.parse.urlsplit(ADMIN_URL)
     async with SlowLink(parts.hostname or "127.0.0.1", parts.port or 5432, 0.2) as proxy:
         yield proxy
+
+
+def waiting_for_a_lock(url: str, pid: int) -> None:
+    """Waits until the session ``pid`` waits for a lock (the fence's gate)."""
+    deadline = time.monotonic() + 5
+    with psycopg.connect(url, autocommit=True) as other:
+        while time.monotonic() < deadline:
+            row = other.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+            if row is not None and row[0] == "Lock":
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"session {pid} never waited for a lock")
+
+
+def moving_takeover(url: str, k: str, token: int) -> tuple[psycopg.Connection[Any], int]:
+    """A takeover of ``k`` (its lease lapsed, fingerprint ``fp``) with a
+    two-day TTL, claimed with ``token`` in an open transaction on the
+    connection returned: it holds the gate and has moved the row to the
+    partition two days ahead, not yet committed (the partitioned layout)."""
+    taker = Fence(k, token, b"fp", 2 * 86400, layout="partitioned")
+    conn = psycopg.connect(url)
+    assert taker.claim_in(conn) == Proceed()
+    return conn, taker.token

@@ -21,7 +21,7 @@ import idem.fence
 from idem.fence import AsyncFence, Committed, Fence, Held, Lost, Proceed
 from idem.types import InFlight, Mismatch, Replay, StoredResponse
 
-from conftest import SlowLink
+from conftest import SlowLink, moving_takeover, waiting_for_a_lock
 
 CREATED = StoredResponse(201, b'{"id":1}', (("content-type", b"application/json"),))
 _tokens = iter(range(1_000_000, 10**9))
@@ -437,30 +437,6 @@ async def test_async_lost_commit_leaves_the_session_outside_any_transaction(
     assert payments(fence_database_url, k) == 1
 
 
-def _waiting_for_a_lock(url: str, pid: int) -> None:
-    """Waits until the session ``pid`` waits for a lock (the gate)."""
-    deadline = time.monotonic() + 5
-    with psycopg.connect(url, autocommit=True) as other:
-        while time.monotonic() < deadline:
-            row = other.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-            ).fetchone()
-            if row is not None and row[0] == "Lock":
-                return
-            time.sleep(0.02)
-    raise AssertionError(f"session {pid} never waited for a lock")
-
-
-def _moving_takeover(url: str, k: str, fingerprint: bytes) -> tuple[psycopg.Connection[Any], int]:
-    """A takeover of ``k`` (its lease lapsed) with a two-day TTL, claimed in
-    an open transaction on the connection returned: it holds the gate and has
-    moved the row to the partition two days ahead, not yet committed."""
-    taker = Fence(k, token(), fingerprint, 2 * 86400, layout="partitioned")
-    conn = psycopg.connect(url)
-    assert taker.claim_in(conn) == Proceed()
-    return conn, taker.token
-
-
 def _assert_moved_and_lost(url: str, k: str, taker: int, pid: int) -> None:
     assert _session_state(url, pid) == "idle"
     assert payments(url, k) == 0, "the stale holder's payment rolled back"
@@ -488,13 +464,13 @@ def test_a_commit_whose_row_a_takeover_moved_is_lost(
     time.sleep(0.3)  # the lease lapses
     with psycopg.connect(url) as conn:
         pay(conn, k)
-        taker_conn, taker = _moving_takeover(url, k, b"fp")
+        taker_conn, taker = moving_takeover(url, k, token())
         with taker_conn:
             answer: list[object] = []
             waiting = threading.Thread(target=lambda: answer.append(slow.commit(conn, CREATED)))
             waiting.start()
             try:
-                _waiting_for_a_lock(url, conn.info.backend_pid)
+                waiting_for_a_lock(url, conn.info.backend_pid)
             finally:
                 taker_conn.commit()
                 waiting.join()
@@ -513,11 +489,11 @@ async def test_async_commit_whose_row_a_takeover_moved_is_lost(
         assert await slow.claim(conn) == Proceed()
         await asyncio.sleep(0.3)
         await conn.execute("INSERT INTO payments (key, amount) VALUES (%s, 1)", (k,))
-        taker_conn, taker = await asyncio.to_thread(_moving_takeover, url, k, b"fp")
+        taker_conn, taker = await asyncio.to_thread(moving_takeover, url, k, token())
         with taker_conn:
             committing = asyncio.create_task(slow.commit(conn, CREATED))
             try:
-                await asyncio.to_thread(_waiting_for_a_lock, url, conn.info.backend_pid)
+                await asyncio.to_thread(waiting_for_a_lock, url, conn.info.backend_pid)
             finally:
                 await asyncio.to_thread(taker_conn.commit)
             assert await committing == Lost(InFlight(1000))

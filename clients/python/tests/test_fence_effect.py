@@ -24,7 +24,7 @@ import idem.fence
 from idem.fence import AsyncFence, Committed, Fence, Layout, Lost, Proceed, _Report
 from idem.types import InFlight, Replay, StoredResponse
 
-from conftest import SlowLink
+from conftest import SlowLink, moving_takeover, waiting_for_a_lock
 
 CREATED = StoredResponse(201, b'{"id":1}', (("content-type", b"application/json"),))
 RETRIED = StoredResponse(201, b'{"id":2}', (("content-type", b"application/json"),))
@@ -253,30 +253,6 @@ def test_a_connection_inside_a_transaction_is_refused(fence_database_url: str) -
     assert paid(url, k) == []
 
 
-def _waiting_for_a_lock(url: str, pid: int) -> None:
-    """Waits until the session ``pid`` waits for a lock (the gate)."""
-    deadline = time.monotonic() + 5
-    with psycopg.connect(url, autocommit=True) as other:
-        while time.monotonic() < deadline:
-            row = other.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-            ).fetchone()
-            if row is not None and row[0] == "Lock":
-                return
-            time.sleep(0.02)
-    raise AssertionError(f"session {pid} never waited for a lock")
-
-
-def _moving_takeover(url: str, k: str) -> tuple[psycopg.Connection[Any], int]:
-    """A takeover of ``k`` (its lease lapsed) with a two-day TTL, claimed in
-    an open transaction on the connection returned: it holds the gate and has
-    moved the row to the partition two days ahead, not yet committed."""
-    taker = Fence(k, token(), b"fp", 2 * 86400, layout="partitioned")
-    conn = psycopg.connect(url)
-    assert taker.claim_in(conn) == Proceed()
-    return conn, taker.token
-
-
 def _assert_moved_and_lost(url: str, k: str, taker: int) -> None:
     assert paid(url, k) == [], "the stale holder's effect did not commit"
     with psycopg.connect(url) as other:
@@ -302,7 +278,7 @@ def test_a_commit_effect_whose_row_a_takeover_moved_is_lost(
     claimed(url, slow)
     time.sleep(0.3)  # the lease lapses
     with psycopg.connect(url, autocommit=autocommit) as conn:
-        taker_conn, taker = _moving_takeover(url, k)
+        taker_conn, taker = moving_takeover(url, k, token())
         with taker_conn:
             answer: list[object] = []
             waiting = threading.Thread(
@@ -310,7 +286,7 @@ def test_a_commit_effect_whose_row_a_takeover_moved_is_lost(
             )
             waiting.start()
             try:
-                _waiting_for_a_lock(url, conn.info.backend_pid)
+                waiting_for_a_lock(url, conn.info.backend_pid)
             finally:
                 taker_conn.commit()
                 waiting.join()
@@ -369,11 +345,11 @@ async def test_async_commit_effect_whose_row_a_takeover_moved_is_lost(
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         assert await slow.claim(conn) == Proceed()
         await asyncio.sleep(0.3)
-        taker_conn, taker = await asyncio.to_thread(_moving_takeover, url, k)
+        taker_conn, taker = await asyncio.to_thread(moving_takeover, url, k, token())
         with taker_conn:
             committing = asyncio.create_task(slow.commit_effect(conn, CREATED, PAY, [k, 10]))
             try:
-                await asyncio.to_thread(_waiting_for_a_lock, url, conn.info.backend_pid)
+                await asyncio.to_thread(waiting_for_a_lock, url, conn.info.backend_pid)
             finally:
                 await asyncio.to_thread(taker_conn.commit)
             assert await committing == Lost(InFlight(1000))

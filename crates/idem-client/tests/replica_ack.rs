@@ -290,6 +290,22 @@ async fn without_replica_ack_the_frozen_replica_changes_nothing() {
     assert_eq!(reply.status, 201, "{:?}", reply.body);
 }
 
+/// `CONFIG SET min-replicas-to-write n` on the server at `url`, on a
+/// connection of its own (a handler's, mid-request).
+async fn set_min_replicas_to_write(url: String, n: u32) {
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg(n)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
 /// A COMPLETE the primary refuses for now (`NOREPLICAS`: it turns
 /// `min-replicas-to-write 2` on, with one replica, while the handler runs)
 /// has nothing to acknowledge: 503, the key held (409 to a retry) while
@@ -313,18 +329,7 @@ async fn a_response_that_cannot_be_stored_for_now_is_503_and_replayed_once_store
                 let (calls, url) = (counted.clone(), url.clone());
                 async move {
                     let n = calls.0.fetch_add(1, Ordering::SeqCst) + 1;
-                    let mut conn = redis::Client::open(url)
-                        .unwrap()
-                        .get_multiplexed_async_connection()
-                        .await
-                        .unwrap();
-                    let () = redis::cmd("CONFIG")
-                        .arg("SET")
-                        .arg("min-replicas-to-write")
-                        .arg("2")
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap();
+                    set_min_replicas_to_write(url, 2).await;
                     (StatusCode::CREATED, format!("{{\"n\":{n}}}"))
                 }
             }),
@@ -349,13 +354,7 @@ async fn a_response_that_cannot_be_stored_for_now_is_503_and_replayed_once_store
     // min-replicas-to-write 2 refuses BEGIN too: 503, nothing runs.
     let still = http_post(&server.base, "/pay", Some("k"), "{}").await;
     assert_eq!(still.status, 503, "{:?}", still.body);
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("min-replicas-to-write")
-        .arg("0")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    set_min_replicas_to_write(primary.url(), 0).await;
     let stored = idem_testkit::eventually_async(Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move { state_of(&mut conn, "idem:{:k}").await.as_deref() == Some("completed") }
@@ -390,18 +389,7 @@ async fn a_store_retried_in_the_background_waits_for_no_replica() {
             post(move || {
                 let url = url.clone();
                 async move {
-                    let mut conn = redis::Client::open(url)
-                        .unwrap()
-                        .get_multiplexed_async_connection()
-                        .await
-                        .unwrap();
-                    let () = redis::cmd("CONFIG")
-                        .arg("SET")
-                        .arg("min-replicas-to-write")
-                        .arg("2")
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap();
+                    set_min_replicas_to_write(url, 2).await;
                     (StatusCode::CREATED, "{\"n\":1}")
                 }
             }),

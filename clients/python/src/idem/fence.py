@@ -358,16 +358,23 @@ class _Base:
         self._set("decided", claim=lost.claim)
         return lost
 
-    def _failed(self, err: BaseException, row: tuple[Any, ...] | None) -> Lost | None:
+    def _failed(self, err: BaseException, row: tuple[Any, ...] | None) -> Lost:
         """The answer of a completion that failed, ``row`` read once its
         transaction ended: ``Lost`` when it failed as not held, or as moved
-        (40001) and the row is no longer this holder's; ``None`` (raise the
-        error) when a serialization failure left the row this holder's."""
+        (40001) and the row is no longer this holder's; ``err`` is raised
+        when a serialization failure left the row this holder's."""
         if not _not_held(err):
             claim = decide(_row(self.key, row), self.fingerprint_hex, self.token)
             if isinstance(claim, Proceed):
-                return None
+                raise err
         return self._decided(row)
+
+    def _reported(self, result: Committed | Lost, response: StoredResponse) -> Committed | Lost:
+        """``result`` of a commit of ``response``, told to the middleware
+        when committed (a Lost was told by ``_decided``)."""
+        if isinstance(result, Committed):
+            self._set("committed", committed=response)
+        return result
 
     @staticmethod
     def _committable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
@@ -563,9 +570,7 @@ class Fence(_Base):
                 result = self._commit_sequential(conn, response)
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
-        if isinstance(result, Committed):
-            self._set("committed", committed=response)
-        return result
+        return self._reported(result, response)
 
     def _commit_pipelined(
         self, conn: psycopg.Connection[Any], response: StoredResponse
@@ -586,10 +591,7 @@ class Fence(_Base):
                 raise
             row = self._raw(conn, "row", [self.key]).fetchone()
             conn.rollback()  # ends the read's transaction (non-autocommit)
-            lost = self._failed(err, row)
-            if lost is None:
-                raise
-            return lost
+            return self._failed(err, row)
         # The completion answered: held (a row not held fails it), committed.
         if not _held(completion.fetchone()):
             raise PostgresError(_UNFAILED)
@@ -613,10 +615,7 @@ class Fence(_Base):
             # transaction is rolled back, as in ``_commit_pipelined``.
             row = self._raw(conn, "row", [self.key]).fetchone()
             conn.rollback()
-            lost = self._failed(err, row)
-            if lost is None:
-                raise
-            return lost
+            return self._failed(err, row)
         return Committed()
 
     def commit_effect(
@@ -652,9 +651,7 @@ class Fence(_Base):
                 result = self._commit_effect_on(source, sql, response, params)
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
-        if isinstance(result, Committed):
-            self._set("committed", committed=response)
-        return result
+        return self._reported(result, response)
 
     def _commit_effect_on(
         self,
@@ -675,10 +672,7 @@ class Fence(_Base):
             if not (_not_held(err) or _moved(err)):
                 raise
             # Nothing committed; the row read on its own, autocommitted too.
-            lost = self._failed(err, self._raw(conn, "row", [self.key]).fetchone())
-            if lost is None:
-                raise
-            return lost
+            return self._failed(err, self._raw(conn, "row", [self.key]).fetchone())
         finally:
             if switched:
                 with contextlib.suppress(psycopg.Error):  # a broken connection stays as it is
@@ -827,9 +821,7 @@ class AsyncFence(_Base):
                 result = await self._commit_sequential(conn, response)
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
-        if isinstance(result, Committed):
-            self._set("committed", committed=response)
-        return result
+        return self._reported(result, response)
 
     async def _commit_pipelined(
         self, conn: psycopg.AsyncConnection[Any], response: StoredResponse
@@ -847,10 +839,7 @@ class AsyncFence(_Base):
                 raise
             row = await (await self._raw(conn, "row", [self.key])).fetchone()
             await conn.rollback()
-            lost = self._failed(err, row)
-            if lost is None:
-                raise
-            return lost
+            return self._failed(err, row)
         if not _held(await completion.fetchone()):
             raise PostgresError(_UNFAILED)
         return Committed()
@@ -872,10 +861,7 @@ class AsyncFence(_Base):
                 raise
             row = await (await self._raw(conn, "row", [self.key])).fetchone()
             await conn.rollback()
-            lost = self._failed(err, row)
-            if lost is None:
-                raise
-            return lost
+            return self._failed(err, row)
         return Committed()
 
     async def commit_effect(
@@ -895,9 +881,7 @@ class AsyncFence(_Base):
                 result = await self._commit_effect_on(source, sql, response, params)
         except psycopg.Error as err:
             raise PostgresError(str(err)) from err
-        if isinstance(result, Committed):
-            self._set("committed", committed=response)
-        return result
+        return self._reported(result, response)
 
     async def _commit_effect_on(
         self,
@@ -919,10 +903,7 @@ class AsyncFence(_Base):
             if not (_not_held(err) or _moved(err)):
                 raise
             row = await (await self._raw(conn, "row", [self.key])).fetchone()
-            lost = self._failed(err, row)
-            if lost is None:
-                raise
-            return lost
+            return self._failed(err, row)
         finally:
             if switched:
                 with contextlib.suppress(psycopg.Error):

@@ -428,13 +428,7 @@ impl Fence {
             response,
         )
         .await?;
-        Ok(match written {
-            Written::Held => {
-                self.set_report(FenceReport::Committed(response.clone()));
-                Commit::Committed
-            }
-            Written::Lost(claim) => Commit::Lost(self.decided(claim)),
-        })
+        Ok(self.committed(written, response))
     }
 
     /// [`Fence::commit`] without a transaction, for an effect that is one
@@ -481,13 +475,7 @@ impl Fence {
             FenceClient::Pooled(client) => sql::complete_with_effect(&*client, &args).await?,
             FenceClient::Plain(client) => sql::complete_with_effect(&*client, &args).await?,
         };
-        Ok(match written {
-            Written::Held => {
-                self.set_report(FenceReport::Committed(response.clone()));
-                Commit::Committed
-            }
-            Written::Lost(claim) => Commit::Lost(self.decided(claim)),
-        })
+        Ok(self.committed(written, response))
     }
 
     /// For a handler of several phases: confirms in `tx` that this holder
@@ -570,6 +558,18 @@ impl Fence {
                 *report = other;
                 false
             }
+        }
+    }
+
+    /// What a commit that wrote (or did not) `response` answers, told to
+    /// the middleware.
+    fn committed(&self, written: Written, response: &StoredResponse) -> Commit {
+        match written {
+            Written::Held => {
+                self.set_report(FenceReport::Committed(response.clone()));
+                Commit::Committed
+            }
+            Written::Lost(claim) => Commit::Lost(self.decided(claim)),
         }
     }
 
