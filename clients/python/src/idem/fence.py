@@ -358,15 +358,15 @@ class _Base:
         self._set("decided", claim=lost.claim)
         return lost
 
-    def _failed(self, err: BaseException, row: tuple[Any, ...] | None) -> Lost:
+    def _failed(self, err: BaseException, row: tuple[Any, ...] | None) -> Lost | None:
         """The answer of a completion that failed, ``row`` read once its
         transaction ended: ``Lost`` when it failed as not held, or as moved
-        (40001) and the row is no longer this holder's; ``err`` is raised
-        when a serialization failure left the row this holder's."""
+        (40001) and the row is no longer this holder's; ``None`` (raise the
+        error) when a serialization failure left the row this holder's."""
         if not _not_held(err):
             claim = decide(_row(self.key, row), self.fingerprint_hex, self.token)
             if isinstance(claim, Proceed):
-                raise err
+                return None
         return self._decided(row)
 
     def _reported(self, result: Committed | Lost, response: StoredResponse) -> Committed | Lost:
@@ -591,7 +591,10 @@ class Fence(_Base):
                 raise
             row = self._raw(conn, "row", [self.key]).fetchone()
             conn.rollback()  # ends the read's transaction (non-autocommit)
-            return self._failed(err, row)
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
         # The completion answered: held (a row not held fails it), committed.
         if not _held(completion.fetchone()):
             raise PostgresError(_UNFAILED)
@@ -615,7 +618,10 @@ class Fence(_Base):
             # transaction is rolled back, as in ``_commit_pipelined``.
             row = self._raw(conn, "row", [self.key]).fetchone()
             conn.rollback()
-            return self._failed(err, row)
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
         return Committed()
 
     def commit_effect(
@@ -672,7 +678,10 @@ class Fence(_Base):
             if not (_not_held(err) or _moved(err)):
                 raise
             # Nothing committed; the row read on its own, autocommitted too.
-            return self._failed(err, self._raw(conn, "row", [self.key]).fetchone())
+            lost = self._failed(err, self._raw(conn, "row", [self.key]).fetchone())
+            if lost is None:
+                raise
+            return lost
         finally:
             if switched:
                 with contextlib.suppress(psycopg.Error):  # a broken connection stays as it is
@@ -839,7 +848,10 @@ class AsyncFence(_Base):
                 raise
             row = await (await self._raw(conn, "row", [self.key])).fetchone()
             await conn.rollback()
-            return self._failed(err, row)
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
         if not _held(await completion.fetchone()):
             raise PostgresError(_UNFAILED)
         return Committed()
@@ -861,7 +873,10 @@ class AsyncFence(_Base):
                 raise
             row = await (await self._raw(conn, "row", [self.key])).fetchone()
             await conn.rollback()
-            return self._failed(err, row)
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
         return Committed()
 
     async def commit_effect(
@@ -903,7 +918,10 @@ class AsyncFence(_Base):
             if not (_not_held(err) or _moved(err)):
                 raise
             row = await (await self._raw(conn, "row", [self.key])).fetchone()
-            return self._failed(err, row)
+            lost = self._failed(err, row)
+            if lost is None:
+                raise
+            return lost
         finally:
             if switched:
                 with contextlib.suppress(psycopg.Error):
