@@ -39,7 +39,11 @@ static PULLERS: Shared<Pullers> = Shared::new(Pullers {
 
 /// `IDEM.MIRROR.PULL count [CLAIM ms] [BLOCK ms]`
 pub fn pull(call: &Call) -> Result<(), Error> {
-    let req = args::pull(&call.args, config::mirror_claim_ms())?;
+    let req = args::pull_within(
+        &call.args,
+        config::mirror_claim_ms(),
+        config::mirror_max_claim_ms(),
+    )?;
     let db = call.ctx.db();
     let caller = Caller::of(call.ctx);
     let batch = claim(call.ctx, db, &req, &caller);
@@ -152,7 +156,11 @@ extern "C" fn puller_reply(
         // by `free_db` after this callback.
         let db = unsafe { data.as_ref() }.copied().unwrap_or(0);
         // Re-parse the blocked command's arguments and answer with a claim.
-        let batch = match args::pull(&arg_bytes(argv, argc), config::mirror_claim_ms()) {
+        let batch = match args::pull_within(
+            &arg_bytes(argv, argc),
+            config::mirror_claim_ms(),
+            config::mirror_max_claim_ms(),
+        ) {
             Ok(req) => {
                 ctx.select_db(db);
                 claim(ctx, db, &req, &Caller::of(ctx))
