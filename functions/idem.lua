@@ -52,13 +52,18 @@ Differences from the module (everything else answers the same bytes):
 - No configs: lease-ms 30000, max-ttl 2592000 s, max-body-bytes 1048576 are
   the module's defaults, as constants (nothing is read with CONFIG).
 - No INFO idem, no IDEM.MIRROR.PULL (idem_mirror_claim takes the keys the
-  writer found due in one slot's outbox instead) and no BLOCK.
-- Tokens are max(last + 1, now_ms * 1000) per key, not per node: `last` is
-  the token the key holds (a record or an abort's tombstone). Across expiry
-  and reuse tokens grow through the clock (a TTL is at least a second), as
-  with the module; but there is no node-wide clock to jump past tokens a
-  failed primary issued: after a failover to a replica whose clock is behind
-  by more than a record's lifetime, a reused key can see a smaller token.
+  writer found due in one slot's outbox instead, and answers their entries
+  in the order of its keys) and no BLOCK.
+- Tokens are max(last + 1, now_ms * 1000) with `last` the token the key
+  holds (its record, or an abort's tombstone), not the node's last token:
+  they only grow per key, and two keys can hold the same token (the
+  module's are unique on the node). A key that expired or was deleted has
+  no last: its next token rests on the clock, and is larger since a record
+  lives a second at least, unless the key was deleted (DEL, not ABORT)
+  within the millisecond of its token or the clock stepped back. There is
+  no jump after a failover (the module's JUMP_MS): a replica promoted with
+  a clock behind the old primary's can issue a token a holder on the lost
+  primary had, for a key whose record it never received.
 - IDEM.ABORT deletes the record; idem_abort leaves a tombstone (state
   aborted, the last token) that expires a second after that token's
   millisecond, so a BEGIN right after the abort still issues a larger token.
@@ -66,10 +71,15 @@ Differences from the module (everything else answers the same bytes):
 - The outbox is a sorted set per slot that the caller names; the module
   keeps one index per database in memory. Keys deleted, renamed or expired
   behind idem's back leave their member until a claim meets it.
-- OOM: write functions carry allow-oom, and BEGIN (of a new record) and
-  COMPLETE check used memory against maxmemory themselves with INFO memory,
-  as the module does (a replay, 409 or 422 still answers at maxmemory). A
-  failed INFO counts as enough memory.
+- OOM: idem_complete has no allow-oom flag, so Redis refuses it above
+  maxmemory with the very error it gives the module's deny-oom COMPLETE.
+  The other write functions carry allow-oom, and BEGIN of a new record
+  checks used memory against maxmemory itself with INFO memory, as the
+  module does (a replay, 409 or 422 still answers at maxmemory). A reading
+  well below maxmemory (under 90%) is reused for up to 100 ms, so a jump of
+  over a tenth of maxmemory within that time goes unseen for as long; a
+  refused INFO counts as enough memory. The scripts form (no flags) checks
+  with INFO on every new record and every COMPLETE.
 - A fingerprint that is not 32 bytes is hashed in Lua (slower than the
   module's native SHA-256, for long fingerprints notably).
 ]]
@@ -503,20 +513,32 @@ local function next_token(last, now)
   return math.max(last + 1, now * 1000)
 end
 
+-- The scripts form runs each call afresh and has no flags (see `dispatch`).
+local scripts_form = false
+
+-- The last reading of INFO memory: one that found used memory well below
+-- maxmemory (or none set) stands for MEMORY_FRESH_MS, so a stream of new
+-- records does not pay for INFO each (a library keeps its upvalues between
+-- calls; the scripts form reads every time).
+local MEMORY_FRESH_MS = 100
+local memory_read_at, memory_far = 0, false
+
 -- Used memory (less what eviction does not count) above maxmemory: what
--- makes the module refuse a new record and Redis a deny-oom command.
-local function out_of_memory()
+-- makes the module refuse a new record (RedisModule_GetUsedMemoryRatio > 1).
+local function out_of_memory(now)
+  if memory_far and now >= memory_read_at and now - memory_read_at < MEMORY_FRESH_MS then
+    return false
+  end
   local info = redis.pcall('INFO', 'memory')
   if type(info) ~= 'string' then
-    return false
+    return false -- INFO refused: count it as enough memory
   end
   local max = tonumber(string.match(info, '\nmaxmemory:(%d+)') or '0')
-  if max == 0 then
-    return false
-  end
   local used = tonumber(string.match(info, '\nused_memory:(%d+)') or '0')
   local uncounted = tonumber(string.match(info, '\nmem_not_counted_for_evict:(%d+)') or '0')
-  return used - uncounted > max
+  used = math.max(used - uncounted, 0)
+  memory_read_at, memory_far = now, max == 0 or used < max * 0.9
+  return max > 0 and used > max
 end
 
 ---------------------------------------------------------------------------
@@ -570,10 +592,10 @@ local function begin(keys, args)
 
   local r, last = load(key)
   if not r then
-    if out_of_memory() then
+    local now = now_ms()
+    if out_of_memory(now) then
       fail(OOM)
     end
-    local now = now_ms()
     local token = next_token(last, now)
     local fp_field, fp = 'fp_sent', sent
     if #sent ~= 32 then
@@ -621,8 +643,10 @@ end
 -- IDEM.COMPLETE key token status body [HEADER name value]... [MIRRORED]
 local function complete(keys, args)
   keys_usage(keys, 2, 'FCALL idem_complete 2 key outbox token status body [HEADER name value]... [MIRRORED]')
-  -- deny-oom: Redis refuses the module's command before it parses.
-  if out_of_memory() then
+  -- The module's COMPLETE is deny-oom, and so is this function (it has no
+  -- allow-oom flag): Redis refuses both with the same error before they
+  -- run. The scripts form has no flags, so it checks itself.
+  if scripts_form and out_of_memory(now_ms()) then
     fail(OOM)
   end
   if #args < 3 then
@@ -796,12 +820,15 @@ end
 ---------------------------------------------------------------------------
 -- Registration (FUNCTION LOAD), or the scripts form's dispatch (EVAL).
 
+-- Flags: the module's commands are not deny-oom but COMPLETE (allow-oom
+-- lets a function run above maxmemory: BEGIN refuses only a new record).
 local WRITES = { 'allow-oom' }
+local DENY_OOM = {}
 local READS = { 'no-writes' }
 
 local FUNCTIONS = {
   idem_begin = { begin, WRITES },
-  idem_complete = { complete, WRITES },
+  idem_complete = { complete, DENY_OOM },
   idem_abort = { abort, WRITES },
   idem_touch = { touch, WRITES },
   idem_get = { get, READS },
@@ -838,6 +865,7 @@ else
   if redis.replicate_commands then
     redis.replicate_commands() -- Redis 6: effects, since TIME decides
   end
+  scripts_form = true
   local args = {}
   for i = 2, #ARGV do
     args[i - 1] = ARGV[i]
