@@ -8,6 +8,7 @@ pub mod history;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod info;
+pub mod managed;
 pub mod nemesis;
 pub mod netns;
 pub mod partition;
