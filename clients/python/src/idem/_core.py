@@ -4,6 +4,7 @@ switch, and the connection settings ``from_url`` applies."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from idem import _spec, wire
@@ -74,3 +75,19 @@ def _check_token(token: int) -> None:
 
 def seconds(d: Duration) -> float:
     return d.total_seconds() if not isinstance(d, float | int) else float(d)
+
+
+POLL_FIRST = 0.01
+"""The library's waits: the first pause between two BEGINs (seconds)..."""
+POLL_MAX = 0.2
+"""...doubling up to this."""
+
+
+def poll_pauses(deadline: float, clock: Callable[[], float]) -> Iterator[float]:
+    """The pauses of a wait that polls BEGIN (the library does not block):
+    growing from ``POLL_FIRST`` to ``POLL_MAX``, the last one ending at
+    ``deadline``. The caller shortens each to the answer's retry-after."""
+    pause = POLL_FIRST
+    while (left := deadline - clock()) > 0:
+        yield min(pause, left)
+        pause = min(pause * 2, POLL_MAX)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, cast
 
 import redis.asyncio as aredis
@@ -12,6 +13,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from idem import _core, errors, wire
+from idem.backend import Backend, Probe, is_missing, load_command, resolve
+from idem.backend import command as backend_command
 from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
 from idem.wire import Duration
 
@@ -20,7 +23,8 @@ log = logging.getLogger("idem")
 
 class IdemClient:
     """Client for the idem module over a redis-py ``redis.asyncio.Redis``;
-    the same calls and answers as the sync ``idem.IdemClient``."""
+    the same calls and answers as the sync ``idem.IdemClient`` (``backend``
+    and ``prepare`` included)."""
 
     def __init__(
         self,
@@ -28,9 +32,13 @@ class IdemClient:
         *,
         packed_replies: bool = True,
         call_timeout: float | None = None,
+        backend: Backend | str = Backend.AUTO,
     ) -> None:
         self._redis = client
         self._packed = _core.PackedSwitch(packed_replies)
+        self._requested = Backend.of(backend)
+        self._backend = Backend.MODULE if self._requested is Backend.MODULE else None
+        self._resolving = asyncio.Lock()
         configured = client.connection_pool.connection_kwargs.get("socket_timeout")
         self.call_timeout: float = (
             call_timeout
@@ -41,18 +49,42 @@ class IdemClient:
         )
 
     @classmethod
-    def from_url(cls, url: str, *, call_timeout: float | None = None, **kwargs: Any) -> IdemClient:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        call_timeout: float | None = None,
+        backend: Backend | str = Backend.AUTO,
+        **kwargs: Any,
+    ) -> IdemClient:
         """A client for the server at ``url`` (``redis://host:port/db``)."""
         timeout = _core.default_call_timeout() if call_timeout is None else call_timeout
         client = aredis.Redis.from_url(
             url, **_core.connection_kwargs(timeout, kwargs, Retry(NoBackoff(), 0))
         )
-        return cls(client, call_timeout=timeout)
+        return cls(client, call_timeout=timeout, backend=backend)
 
     @property
     def redis(self) -> aredis.Redis:
         """The redis-py client underneath."""
         return self._redis
+
+    @property
+    def backend(self) -> Backend | None:
+        """The backend the calls run on; ``None`` until ``prepare`` or the
+        first call settled it."""
+        return self._backend
+
+    async def prepare(self) -> Backend:
+        """Settles the backend now (see ``idem.IdemClient.prepare``)."""
+        if self._backend is not None:
+            return self._backend
+        async with self._resolving:
+            if self._backend is None:
+                found = await self._probe(resolve(self._requested))
+                log.info("idem backend: %s", found.value)
+                self._backend = found
+        return self._backend
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -79,12 +111,38 @@ class IdemClient:
         if not isinstance(first, InFlight) or wire.is_zero(wait):
             return first
         assert wait is not None
+        if await self.prepare() is not Backend.MODULE:
+            return await self._poll(key, fingerprint, ttl, lease, first, _core.seconds(wait))
         bound = _core.seconds(wait) + self.call_timeout
         try:
             return await self._begin(key, fingerprint, ttl, lease, wait, bound)
         except errors.IdemError as err:
             log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
             return first
+
+    async def _poll(
+        self,
+        key: str,
+        fingerprint: bytes,
+        ttl: Duration,
+        lease: Duration | None,
+        first: InFlight,
+        wait: float,
+    ) -> Outcome:
+        """The library's WAIT (see ``idem.IdemClient._poll``)."""
+        deadline = time.monotonic() + wait
+        last: Outcome = first
+        for pause in _core.poll_pauses(deadline, time.monotonic):
+            assert isinstance(last, InFlight)
+            await asyncio.sleep(min(pause, last.retry_after_ms / 1000))
+            try:
+                last = await self._begin(key, fingerprint, ttl, lease, None, None)
+            except errors.IdemError as err:
+                log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
+                return first
+            if not isinstance(last, InFlight):
+                return last
+        return last
 
     async def begin_with(self, key: str, fingerprint: bytes, options: BeginOptions) -> Outcome:
         """``begin`` with its options in one value."""
@@ -144,9 +202,41 @@ class IdemClient:
 
     # ------------------------------------------------------------ transport
 
+    async def _raw(self, args: list[bytes]) -> Any:
+        return await cast(Any, self._redis).execute_command(*args, **_core.NEVER_DECODE)
+
     async def _query(self, args: list[bytes]) -> Any:
+        backend = await self.prepare()
+        sent = backend_command(backend, args)
         try:
-            return await cast(Any, self._redis).execute_command(*args, **_core.NEVER_DECODE)
+            try:
+                return await self._raw(sent)
+            except rexc.ResponseError as err:
+                if not is_missing(backend, err):
+                    raise
+                # Flushed, or a failover to a node that never had it: load
+                # it and send the call once more.
+                log.warning("the idem library is missing on the server; loading it: %s", err)
+                await self._raw(load_command(backend))
+                return await self._raw(sent)
+        except (rexc.RedisError, OSError, asyncio.TimeoutError) as err:
+            raise errors.from_redis(err) from err
+
+    async def _probe(self, probe: Probe) -> Backend:
+        """Runs ``probe`` (``idem.backend.resolve``), sending each command it
+        yields: its reply is sent back in, a Redis error reply thrown in."""
+        try:
+            try:
+                step = next(probe)
+                while True:
+                    try:
+                        reply = await self._raw(step)
+                    except rexc.ResponseError as err:
+                        step = probe.throw(err)
+                    else:
+                        step = probe.send(reply)
+            except StopIteration as done:
+                return cast(Backend, done.value)
         except (rexc.RedisError, OSError, asyncio.TimeoutError) as err:
             raise errors.from_redis(err) from err
 

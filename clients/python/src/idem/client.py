@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Generator
 from typing import Any, cast
 
 import redis
@@ -12,6 +15,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from idem import _core, errors, wire
+from idem.backend import Backend, Probe, is_missing, load_command, resolve
+from idem.backend import command as backend_command
 from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
 from idem.wire import Duration
 
@@ -29,7 +34,13 @@ class IdemClient:
 
     ``begin(..., wait=s)`` sends a normal BEGIN first and only when it
     answers ``in_flight`` a blocking one (``WAIT``) on a connection of its
-    own from the pool, so a waiting call never holds up another.
+    own from the pool, so a waiting call never holds up another; on the
+    library (which does not block) it polls BEGIN instead.
+
+    ``backend``: ``"auto"`` (the module where ``IDEM.BEGIN`` exists, else
+    the Functions library, loaded when missing or older, else the scripts
+    form), or ``"module"``, ``"functions"``, ``"scripts"``. ``prepare()``
+    settles it at start-up; otherwise the first call does.
     """
 
     def __init__(
@@ -38,9 +49,13 @@ class IdemClient:
         *,
         packed_replies: bool = True,
         call_timeout: float | None = None,
+        backend: Backend | str = Backend.AUTO,
     ) -> None:
         self._redis = client
         self._packed = _core.PackedSwitch(packed_replies)
+        self._requested = Backend.of(backend)
+        self._backend = Backend.MODULE if self._requested is Backend.MODULE else None
+        self._resolving = threading.Lock()
         configured = client.connection_pool.connection_kwargs.get("socket_timeout")
         self.call_timeout: float = (
             call_timeout
@@ -51,18 +66,45 @@ class IdemClient:
         )
 
     @classmethod
-    def from_url(cls, url: str, *, call_timeout: float | None = None, **kwargs: Any) -> IdemClient:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        call_timeout: float | None = None,
+        backend: Backend | str = Backend.AUTO,
+        **kwargs: Any,
+    ) -> IdemClient:
         """A client for the server at ``url`` (``redis://host:port/db``)."""
         timeout = _core.default_call_timeout() if call_timeout is None else call_timeout
         client = redis.Redis.from_url(
             url, **_core.connection_kwargs(timeout, kwargs, Retry(NoBackoff(), 0))
         )
-        return cls(client, call_timeout=timeout)
+        return cls(client, call_timeout=timeout, backend=backend)
 
     @property
     def redis(self) -> redis.Redis:
         """The redis-py client underneath."""
         return self._redis
+
+    @property
+    def backend(self) -> Backend | None:
+        """The backend the calls run on; ``None`` until ``prepare`` or the
+        first call settled it."""
+        return self._backend
+
+    def prepare(self) -> Backend:
+        """Settles the backend now (at start-up) and answers it: loads the
+        library when it is the one and is missing or older. Raises
+        ``BackendMissingError`` when the server offers none,
+        ``UnavailableError`` when it cannot be reached."""
+        if self._backend is not None:
+            return self._backend
+        with self._resolving:
+            if self._backend is None:
+                found = self._probe(resolve(self._requested))
+                log.info("idem backend: %s", found.value)
+                self._backend = found
+        return self._backend
 
     def close(self) -> None:
         self._redis.close()
@@ -92,6 +134,8 @@ class IdemClient:
         if not isinstance(first, InFlight) or wire.is_zero(wait):
             return first
         assert wait is not None
+        if self.prepare() is not Backend.MODULE:
+            return self._poll(key, fingerprint, ttl, lease, first, _core.seconds(wait))
         bound = _core.seconds(wait) + self.call_timeout
         try:
             return self._begin(key, fingerprint, ttl, lease, wait, bound)
@@ -99,6 +143,31 @@ class IdemClient:
             # The key is known to be in flight; that stays the answer.
             log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
             return first
+
+    def _poll(
+        self,
+        key: str,
+        fingerprint: bytes,
+        ttl: Duration,
+        lease: Duration | None,
+        first: InFlight,
+        wait: float,
+    ) -> Outcome:
+        """The library's WAIT: BEGIN again until it answers something other
+        than ``in_flight`` or ``wait`` runs out (then the last ``in_flight``)."""
+        deadline = time.monotonic() + wait
+        last: Outcome = first
+        for pause in _core.poll_pauses(deadline, time.monotonic):
+            assert isinstance(last, InFlight)
+            time.sleep(min(pause, last.retry_after_ms / 1000))
+            try:
+                last = self._begin(key, fingerprint, ttl, lease, None, None)
+            except errors.IdemError as err:
+                log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
+                return first
+            if not isinstance(last, InFlight):
+                return last
+        return last
 
     def begin_with(self, key: str, fingerprint: bytes, options: BeginOptions) -> Outcome:
         """``begin`` with its options in one value."""
@@ -154,9 +223,29 @@ class IdemClient:
 
     # ------------------------------------------------------------ transport
 
+    def _raw(self, args: list[bytes]) -> Any:
+        return cast(Any, self._redis).execute_command(*args, **_core.NEVER_DECODE)
+
     def _query(self, args: list[bytes]) -> Any:
+        backend = self.prepare()
+        sent = backend_command(backend, args)
         try:
-            return cast(Any, self._redis).execute_command(*args, **_core.NEVER_DECODE)
+            try:
+                return self._raw(sent)
+            except rexc.ResponseError as err:
+                if not is_missing(backend, err):
+                    raise
+                # Flushed, or a failover to a node that never had it: load
+                # it and send the call once more.
+                log.warning("the idem library is missing on the server; loading it: %s", err)
+                self._raw(load_command(backend))
+                return self._raw(sent)
+        except (rexc.RedisError, OSError) as err:
+            raise errors.from_redis(err) from err
+
+    def _probe(self, probe: Probe) -> Backend:
+        try:
+            return _drive(probe, self._raw)
         except (rexc.RedisError, OSError) as err:
             raise errors.from_redis(err) from err
 
@@ -185,3 +274,19 @@ class IdemClient:
             if not healthy:
                 conn.disconnect()
             pool.release(conn)
+
+
+def _drive(probe: Generator[list[bytes], Any, Backend], send: Any) -> Backend:
+    """Runs ``probe``, sending each command it yields: its reply is sent
+    back in, a Redis error reply thrown in."""
+    try:
+        step = next(probe)
+        while True:
+            try:
+                reply = send(step)
+            except rexc.ResponseError as err:
+                step = probe.throw(err)
+            else:
+                step = probe.send(reply)
+    except StopIteration as done:
+        return cast(Backend, done.value)

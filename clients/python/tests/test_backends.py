@@ -1,0 +1,352 @@
+"""Backends (spec/functions.json): the client picks the module where
+``IDEM.BEGIN`` exists, else the Functions library (loaded when missing or
+older), else the scripts form; a library flushed between two calls is loaded
+again and the call sent once more; the library's waits poll; a server with
+no way to run idem is one clear error at start-up; an error reply that is
+not UTF-8 is an error reply, not a broken connection."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+import idem
+import idem.asyncio
+from idem import _spec, errors
+from idem.backend import Backend, library, outbox
+from idem.types import InFlight, New, Replay, StoredResponse
+
+from conftest import RedisServer, key, start_redis, stop_redis
+
+RESPONSE = StoredResponse.of(201, b'{"id":1}', [("content-type", "application/json")])
+FINGERPRINT = bytes(range(200, 232))
+"""A fingerprint as the middleware sends it: 32 bytes, not UTF-8."""
+
+
+@pytest.fixture
+def fresh_managed() -> Iterator[RedisServer]:
+    """A managed server of its own (nothing loaded yet)."""
+    server = start_redis(module=False)
+    try:
+        yield server
+    finally:
+        stop_redis(server)
+
+
+def loaded_version(server: RedisServer) -> int | None:
+    try:
+        return int(server.raw().execute_command("FCALL_RO", "idem_version", 0))
+    except redis.ResponseError:
+        return None
+
+
+def test_the_package_ships_the_library_its_contract_names() -> None:
+    # The tests run against the installed wheel: its idem/_spec/ holds the
+    # library and both contract files.
+    spec = _spec.functions()
+    source = _spec.library_source()
+    assert source.startswith(f"#!lua name={spec['library']}")
+    lib = library()
+    assert lib.sha == hashlib.sha1(source.encode().partition(b"\n")[2]).hexdigest().encode()
+    assert set(lib.functions) == {
+        b"IDEM.BEGIN",
+        b"IDEM.COMPLETE",
+        b"IDEM.ABORT",
+        b"IDEM.TOUCH",
+        b"IDEM.GET",
+        b"IDEM.MIRROR.ACK",
+    }
+    assert len(_spec.outbox_slots()["tags"]) == 16384
+
+
+def test_the_outbox_is_in_the_keys_slot() -> None:
+    from redis.crc import key_slot
+
+    for k in (b"idem:{t:abc}", b"plain", b"idem:{}x", "idem:{é}".encode()):
+        assert key_slot(outbox(k)) == key_slot(k)
+        assert outbox(k).startswith(b"idem:outbox:{")
+
+
+def test_auto_picks_the_module_where_it_is_loaded(redis_server: RedisServer) -> None:
+    c = idem.IdemClient.from_url(redis_server.url)
+    assert c.backend is None
+    assert c.prepare() is Backend.MODULE
+    assert c.backend is Backend.MODULE
+    c.close()
+
+
+def test_auto_loads_the_library_where_there_is_no_module(fresh_managed: RedisServer) -> None:
+    assert loaded_version(fresh_managed) is None
+    c = idem.IdemClient.from_url(fresh_managed.url)
+    new = c.begin(key(), b"fp", ttl=60)  # the first call settles the backend
+    assert isinstance(new, New)
+    assert c.backend is Backend.FUNCTIONS
+    assert loaded_version(fresh_managed) == library().version
+    c.close()
+
+
+def test_an_older_library_is_replaced(fresh_managed: RedisServer) -> None:
+    old = "#!lua name=idem\nredis.register_function{function_name='idem_version', "
+    old += "callback=function() return 0 end, flags={'no-writes'}}\n"
+    fresh_managed.raw().execute_command("FUNCTION", "LOAD", old)
+    assert loaded_version(fresh_managed) == 0
+    c = idem.IdemClient.from_url(fresh_managed.url)
+    assert c.prepare() is Backend.FUNCTIONS
+    assert loaded_version(fresh_managed) == library().version
+    c.close()
+
+
+def test_a_current_library_is_not_loaded_again(fresh_managed: RedisServer) -> None:
+    fresh_managed.raw().execute_command("FUNCTION", "LOAD", _spec.library_source())
+    calls: list[tuple[Any, ...]] = []
+
+    class Counting(redis.Redis):
+        def execute_command(self, *args: Any, **options: Any) -> Any:
+            calls.append(args)
+            return super().execute_command(*args, **options)
+
+    c = idem.IdemClient(Counting(port=fresh_managed.port))
+    assert c.prepare() is Backend.FUNCTIONS
+    assert not [call for call in calls if call[0] == b"FUNCTION"]
+    c.close()
+
+
+@pytest.mark.parametrize("flush", [b"FUNCTION", b"SCRIPT"])
+def test_a_flushed_library_is_loaded_and_the_call_sent_once_more(
+    managed_server: RedisServer, flush: bytes
+) -> None:
+    backend = "functions" if flush == b"FUNCTION" else "scripts"
+    c = idem.IdemClient.from_url(managed_server.url, backend=backend)
+    raw = managed_server.raw()
+    k = key()
+    new = c.begin(k, FINGERPRINT, ttl=60, lease=5)
+    assert isinstance(new, New)
+    raw.execute_command(flush, b"FLUSH")
+    c.complete(k, new.token, RESPONSE)
+    raw.execute_command(flush, b"FLUSH")
+    assert c.begin(k, FINGERPRINT, ttl=60) == Replay(RESPONSE)
+    raw.execute_command(flush, b"FLUSH")
+    record = c.get(k)
+    assert record is not None and record.response == RESPONSE
+    raw.execute_command(flush, b"FLUSH")
+    assert c.abort(key(), 1) is False
+    c.close()
+
+
+async def test_async_a_flushed_library_is_loaded_and_the_call_sent_once_more(
+    managed_server: RedisServer,
+) -> None:
+    for backend, flush in (("functions", b"FUNCTION"), ("scripts", b"SCRIPT")):
+        c = idem.asyncio.IdemClient.from_url(managed_server.url, backend=backend)
+        raw = managed_server.raw()
+        k = key()
+        new = await c.begin(k, FINGERPRINT, ttl=60, lease=5)
+        assert isinstance(new, New)
+        raw.execute_command(flush, b"FLUSH")
+        assert await c.touch(k, new.token, 10) == pytest.approx(10)
+        raw.execute_command(flush, b"FLUSH")
+        await c.complete(k, new.token, RESPONSE)
+        raw.execute_command(flush, b"FLUSH")
+        assert await c.begin(k, FINGERPRINT, ttl=60) == Replay(RESPONSE)
+        await c.aclose()
+
+
+class _NeverLoads(redis.Redis):
+    """A server where the library stays missing whatever is loaded."""
+
+    calls: list[tuple[Any, ...]]
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.calls.append(args)
+        if args[0] == b"FCALL":
+            raise redis.ResponseError("Function not found")
+        return super().execute_command(*args, **options)
+
+
+def test_the_call_is_sent_once_more_only(managed_server: RedisServer) -> None:
+    server = _NeverLoads(port=managed_server.port)
+    server.calls = []
+    c = idem.IdemClient(server, backend="functions")
+    c.prepare()
+    server.calls.clear()
+    with pytest.raises(errors.OtherRedisError, match="Function not found"):
+        c.begin(key(), b"fp", ttl=60)
+    assert [call[0] for call in server.calls] == [b"FCALL", b"FUNCTION", b"FCALL"]
+    c.close()
+
+
+# ---------------------------------------------------------------- waiting
+
+
+def test_the_librarys_wait_polls_with_a_growing_interval(managed_server: RedisServer) -> None:
+    begins: list[float] = []
+
+    class Counting(redis.Redis):
+        def execute_command(self, *args: Any, **options: Any) -> Any:
+            if args[:2] == (b"FCALL", b"idem_begin"):
+                begins.append(time.monotonic())
+            return super().execute_command(*args, **options)
+
+    c = idem.IdemClient(Counting(port=managed_server.port), backend="functions")
+    k = key()
+    holder = c.begin(k, b"fp", ttl=60, lease=30)
+    assert isinstance(holder, New)
+    begins.clear()
+    started = time.monotonic()
+    answer = c.begin(k, b"fp", ttl=60, wait=1)
+    elapsed = time.monotonic() - started
+    assert isinstance(answer, InFlight)
+    assert 0.95 < elapsed < 2
+    # Bounded: pauses from 10 ms doubling to 200 ms, not a busy loop.
+    assert 5 <= len(begins) <= 15
+    gaps = [b - a for a, b in itertools.pairwise(begins)]
+    assert gaps[-2] > gaps[0]
+    c.close()
+
+
+def test_the_librarys_wait_takes_over_when_the_lease_lapses(managed_server: RedisServer) -> None:
+    # The pause is cut to the answer's retry-after: the lapsed lease is
+    # seen at once, not at the next poll.
+    c = idem.IdemClient.from_url(managed_server.url, backend="functions")
+    k = key()
+    holder = c.begin(k, b"fp", ttl=60, lease=0.3)
+    assert isinstance(holder, New)
+    started = time.monotonic()
+    waited = c.begin(k, b"fp", ttl=60, lease=5, wait=5)
+    assert isinstance(waited, New) and waited.token > holder.token
+    assert 0.25 < time.monotonic() - started < 1
+    c.close()
+
+
+async def test_many_waiters_on_the_library_get_the_answer(managed_server: RedisServer) -> None:
+    c = idem.asyncio.IdemClient.from_url(managed_server.url, backend="functions")
+    k = key()
+    holder = await c.begin(k, b"fp", ttl=60, lease=30)
+    assert isinstance(holder, New)
+    waiters = [asyncio.ensure_future(c.begin(k, b"fp", ttl=60, wait=5)) for _ in range(50)]
+    await asyncio.sleep(0.3)
+    assert not any(w.done() for w in waiters)
+    completed = time.monotonic()
+    await c.complete(k, holder.token, RESPONSE)
+    answers = await asyncio.gather(*waiters)
+    assert all(a == Replay(RESPONSE) for a in answers)
+    assert time.monotonic() - completed < 0.5  # within one poll interval (200 ms) and change
+    await c.aclose()
+
+
+# ---------------------------------------------------------------- no idem
+
+
+@pytest.fixture
+def no_idem() -> Iterator[RedisServer]:
+    """A server with neither the module nor a way to load the library:
+    FUNCTION renamed away, and the scripting commands too."""
+    server = start_redis(module=False, renamed=("FUNCTION", "EVAL", "EVALSHA", "SCRIPT"))
+    try:
+        yield server
+    finally:
+        stop_redis(server)
+
+
+def test_a_server_without_idem_says_so_at_start_up(no_idem: RedisServer) -> None:
+    c = idem.IdemClient.from_url(no_idem.url)
+    with pytest.raises(errors.BackendMissingError) as missing:
+        c.prepare()
+    text = str(missing.value)
+    assert "IDEM.BEGIN is not a command" in text
+    assert "FUNCTION LOAD answered: unknown command" in text
+    assert "SCRIPT LOAD answered: unknown command" in text
+    assert "Load the module" in text and "functions/idem.lua" in text
+    assert not missing.value.is_unavailable and not missing.value.is_unreachable
+    assert c.backend is None
+    # A call says the same (the middleware's requests before any prepare).
+    with pytest.raises(errors.BackendMissingError):
+        c.begin(key(), FINGERPRINT, ttl=60)
+    c.close()
+
+
+async def test_a_user_denied_the_library_is_told_what_to_do(fresh_managed: RedisServer) -> None:
+    fresh_managed.raw().execute_command(
+        "ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-function", "-eval", "-evalsha",
+        "-script",
+    )  # fmt: skip
+    url = f"redis://app:pw@127.0.0.1:{fresh_managed.port}/"
+    c = idem.asyncio.IdemClient.from_url(url)
+    with pytest.raises(errors.BackendMissingError) as missing:
+        await c.prepare()
+    assert "FUNCTION LOAD answered" in str(missing.value)
+    assert "SCRIPT LOAD answered" in str(missing.value)
+    await c.aclose()
+    # Loaded by an operator, the same user runs it.
+    fresh_managed.raw().execute_command("FUNCTION", "LOAD", _spec.library_source())
+    c = idem.asyncio.IdemClient.from_url(url)
+    assert await c.prepare() is Backend.FUNCTIONS
+    assert isinstance(await c.begin(key(), FINGERPRINT, ttl=60), New)
+    await c.aclose()
+
+
+def test_an_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="one of auto, module, functions, scripts"):
+        idem.IdemClient(redis.Redis(port=1), backend="lua")
+
+
+# ---------------------------------------------------------------- bytes
+
+
+def test_an_error_reply_that_is_not_utf8_is_an_error_reply(
+    managed_server: RedisServer,
+) -> None:
+    # Redis' "unknown command" echoes the arguments: the binary fingerprint.
+    # It is an error of the server's (500, never fail-open), not a broken
+    # connection (503), and the connection goes on working.
+    c = idem.IdemClient.from_url(managed_server.url, backend="module")
+    with pytest.raises(errors.OtherRedisError) as err:
+        c.begin(key(), FINGERPRINT, ttl=60)
+    assert "unknown command 'IDEM.BEGIN'" in str(err.value)
+    assert not err.value.is_unavailable
+    assert c.redis.ping()
+    c.close()
+
+
+async def test_async_an_error_reply_that_is_not_utf8_is_an_error_reply(
+    managed_server: RedisServer,
+) -> None:
+    for protocol in (2, 3):
+        c = idem.asyncio.IdemClient(
+            aredis.Redis(port=managed_server.port, protocol=protocol), backend="module"
+        )
+        with pytest.raises(errors.OtherRedisError) as err:
+            await c.begin(key(), FINGERPRINT, ttl=60)
+        assert "unknown command 'IDEM.BEGIN'" in str(err.value)
+        assert not err.value.is_unavailable
+        assert await c.redis.ping()
+        await c.aclose()
+
+
+def test_a_module_error_that_is_not_utf8_keeps_its_code(client: idem.IdemClient) -> None:
+    # BADARG naming an option of raw bytes, on every backend.
+    args = [b"IDEM.BEGIN", key().encode(), FINGERPRINT, b"60", b"\xff\xfe"]
+    with pytest.raises(errors.BadArgError):
+        client._query(args)
+    assert isinstance(client.begin(key(), FINGERPRINT, ttl=60), New)
+
+
+def test_waiting_threads_share_one_probe(fresh_managed: RedisServer) -> None:
+    c = idem.IdemClient.from_url(fresh_managed.url)
+    found: list[Backend] = []
+    threads = [threading.Thread(target=lambda: found.append(c.prepare())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert found == [Backend.FUNCTIONS] * 8
+    c.close()
