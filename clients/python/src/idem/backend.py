@@ -164,6 +164,14 @@ def is_missing(backend: Backend, err: BaseException) -> bool:
     return False
 
 
+def _said(err: BaseException) -> str:
+    """An error reply, without the arguments Redis echoes after an unknown
+    command (here the library's source)."""
+    text = str(err)
+    cut = text.find(", with args beginning with")
+    return text if cut < 0 else text[:cut]
+
+
 Probe = Generator[list[bytes], Any, Backend]
 
 
@@ -181,7 +189,7 @@ def resolve(requested: Backend) -> Probe:
                 return Backend.MODULE
             reasons.append("IDEM.BEGIN is not a command (the module is not loaded)")
         except rexc.ResponseError as err:
-            reasons.append(f"COMMAND INFO IDEM.BEGIN answered: {err}")
+            reasons.append(f"COMMAND INFO IDEM.BEGIN answered: {_said(err)}")
     if requested in (Backend.AUTO, Backend.FUNCTIONS):
         why = yield from _functions()
         if why is None:
@@ -208,11 +216,11 @@ def _functions() -> Generator[list[bytes], Any, str | None]:
             return None
     except rexc.ResponseError as err:
         if not is_missing(Backend.FUNCTIONS, err):
-            return f"FCALL_RO {lib.version_function.decode()} answered: {err}"
+            return f"FCALL_RO {lib.version_function.decode()} answered: {_said(err)}"
     try:
         yield load_command(Backend.FUNCTIONS)
     except rexc.ResponseError as err:
-        return f"FUNCTION LOAD answered: {err}"
+        return f"FUNCTION LOAD answered: {_said(err)}"
     return None
 
 
@@ -224,7 +232,7 @@ def _scripts() -> Generator[list[bytes], Any, str | None]:
     try:
         sha = yield load_command(Backend.SCRIPTS)
     except rexc.ResponseError as err:
-        return f"SCRIPT LOAD answered: {err}"
+        return f"SCRIPT LOAD answered: {_said(err)}"
     if sha != lib.sha:
         return f"SCRIPT LOAD answered {sha!r}, not the script's SHA-1 {lib.sha.decode()}"
     return None
