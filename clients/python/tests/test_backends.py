@@ -291,6 +291,10 @@ async def test_a_user_denied_the_library_is_told_what_to_do(fresh_managed: Redis
     c = idem.asyncio.IdemClient.from_url(url)
     assert await c.prepare() is Backend.FUNCTIONS
     assert isinstance(await c.begin(key(), FINGERPRINT, ttl=60), New)
+    # Flushed, it cannot load it again: the same clear error.
+    fresh_managed.raw().execute_command("FUNCTION", "FLUSH")
+    with pytest.raises(errors.BackendMissingError, match="loading it answered"):
+        await c.begin(key(), FINGERPRINT, ttl=60)
     await c.aclose()
 
 

@@ -172,6 +172,17 @@ def _said(err: BaseException) -> str:
     return text if cut < 0 else text[:cut]
 
 
+def reload_failed(
+    backend: Backend, missing: BaseException, err: BaseException
+) -> BackendMissingError:
+    """The error for a library found missing by a call that could not load
+    it again (say a user allowed FCALL but not FUNCTION LOAD, after a flush)."""
+    return BackendMissingError(
+        backend.value,
+        [f"the library is missing ({_said(missing)}) and loading it answered: {_said(err)}"],
+    )
+
+
 Probe = Generator[list[bytes], Any, Backend]
 
 

@@ -15,7 +15,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from idem import _core, errors, wire
-from idem.backend import Backend, Probe, is_missing, load_command, resolve
+from idem.backend import Backend, Probe, is_missing, load_command, reload_failed, resolve
 from idem.backend import command as backend_command
 from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
 from idem.wire import Duration
@@ -238,7 +238,10 @@ class IdemClient:
                 # Flushed, or a failover to a node that never had it: load
                 # it and send the call once more.
                 log.warning("the idem library is missing on the server; loading it: %s", err)
-                self._raw(load_command(backend))
+                try:
+                    self._raw(load_command(backend))
+                except rexc.ResponseError as refused:
+                    raise reload_failed(backend, err, refused) from refused
                 return self._raw(sent)
         except (rexc.RedisError, OSError) as err:
             raise errors.from_redis(err) from err
