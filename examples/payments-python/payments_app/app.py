@@ -40,7 +40,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.open(wait=True, timeout=db.POOL_TIMEOUT)
         try:
-            await db.migrate(pool, settings.database_url)
+            await db.migrate(pool)
             await settle(client)
             yield
         finally:
