@@ -266,6 +266,67 @@ async def test_many_waiters_on_the_library_get_the_answer(managed_server: RedisS
     await c.aclose()
 
 
+class _CountingAsync(aredis.Redis):
+    sent: list[tuple[Any, ...]]
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.sent.append(args[:2])
+        return await super().execute_command(*args, **options)
+
+
+async def test_async_waiters_share_one_watch(managed_server: RedisServer) -> None:
+    server = _CountingAsync(port=managed_server.port, max_connections=300)
+    server.sent = []
+    c = idem.asyncio.IdemClient(server, backend="functions")
+    k = key()
+    holder = await c.begin(k, b"fp", ttl=60, lease=30)
+    assert isinstance(holder, New)
+    server.sent.clear()
+    waiters = [asyncio.ensure_future(c.begin(k, b"fp", ttl=60, wait=5)) for _ in range(200)]
+    await asyncio.sleep(1)
+    await c.complete(k, holder.token, RESPONSE)
+    answers = await asyncio.gather(*waiters)
+    assert all(a == Replay(RESPONSE) for a in answers)
+    begins = [s for s in server.sent if s == (b"FCALL", b"idem_begin")]
+    gets = [s for s in server.sent if s == (b"FCALL_RO", b"idem_get")]
+    assert len(begins) == 200, "each waiter's first BEGIN, then none"
+    assert 3 <= len(gets) <= 15, "one GET per interval for all of them"
+    assert not c._watches
+    await c.aclose()
+
+
+async def test_async_waiters_after_an_abort_one_takes_over(managed_server: RedisServer) -> None:
+    c = idem.asyncio.IdemClient.from_url(managed_server.url, backend="functions")
+    k = key()
+    holder = await c.begin(k, b"fp", ttl=60, lease=30)
+    assert isinstance(holder, New)
+    waiters = [asyncio.ensure_future(c.begin(k, b"fp", ttl=60, wait=1)) for _ in range(5)]
+    await asyncio.sleep(0.1)
+    assert await c.abort(k, holder.token)
+    answers = await asyncio.gather(*waiters)
+    news = [a for a in answers if isinstance(a, New)]
+    assert len(news) == 1 and news[0].token > holder.token
+    assert all(isinstance(a, InFlight) for a in answers if not isinstance(a, New))
+    await asyncio.sleep(0)
+    assert not c._watches, "the watch stops when its waiters are gone"
+    await c.aclose()
+
+
+async def test_async_a_waiter_of_another_request_gets_a_mismatch(
+    managed_server: RedisServer,
+) -> None:
+    c = idem.asyncio.IdemClient.from_url(managed_server.url, backend="functions")
+    k = key()
+    holder = await c.begin(k, b"fp", ttl=60, lease=30)
+    assert isinstance(holder, New)
+    same = asyncio.ensure_future(c.begin(k, b"fp", ttl=60, wait=3))
+    await asyncio.sleep(0.05)
+    await c.complete(k, holder.token, RESPONSE)
+    assert await same == Replay(RESPONSE)
+    assert await c.begin(k, b"other", ttl=60, wait=3) == idem.Mismatch()
+    await c.aclose()
+
+
 # ---------------------------------------------------------------- no idem
 
 

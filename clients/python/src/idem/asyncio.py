@@ -15,10 +15,28 @@ from redis.backoff import NoBackoff
 from idem import _core, errors, wire
 from idem.backend import Backend, Probe, is_missing, load_command, reload_failed, resolve
 from idem.backend import command as backend_command
-from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
+from idem.fingerprint import stored_hex
+from idem.types import (
+    BeginOptions,
+    InFlight,
+    Mismatch,
+    Origin,
+    Outcome,
+    Record,
+    Replay,
+    StoredResponse,
+)
 from idem.wire import Duration
 
 log = logging.getLogger("idem")
+
+
+class _Watch:
+    """One watch of a record, shared by the waiters of one key and request."""
+
+    def __init__(self, task: asyncio.Future[Outcome | None]) -> None:
+        self.task = task
+        self.waiters = 0
 
 
 class IdemClient:
@@ -39,6 +57,7 @@ class IdemClient:
         self._requested = Backend.of(backend)
         self._backend = Backend.MODULE if self._requested is Backend.MODULE else None
         self._resolving = asyncio.Lock()
+        self._watches: dict[tuple[str, bytes], _Watch] = {}
         configured = client.connection_pool.connection_kwargs.get("socket_timeout")
         self.call_timeout: float = (
             call_timeout
@@ -129,20 +148,81 @@ class IdemClient:
         first: InFlight,
         wait: float,
     ) -> Outcome:
-        """The library's WAIT (see ``idem.IdemClient._poll``)."""
+        """The library's WAIT: the waiters of one key and request share one
+        watch of the record (``_watch``), so a thousand duplicates cost one
+        GET per interval, not a thousand BEGINs, and all get the stored
+        answer from the GET that sees it. When the record changes otherwise
+        (released, expired, taken over, the lease ran out) each sends its
+        own BEGIN, which may make it the new holder."""
         deadline = time.monotonic() + wait
-        last: Outcome = first
-        for pause in _core.poll_pauses(deadline, time.monotonic):
-            assert isinstance(last, InFlight)
-            await asyncio.sleep(min(pause, last.retry_after_ms / 1000))
+        last = first
+        while (left := deadline - time.monotonic()) > 0:
+            watch = self._watch_of(key, bytes(fingerprint), last.retry_after_ms / 1000)
+            watch.waiters += 1
             try:
-                last = await self._begin(key, fingerprint, ttl, lease, None, None)
+                seen = await asyncio.wait_for(asyncio.shield(watch.task), left)
+            except asyncio.TimeoutError:
+                return last
             except errors.IdemError as err:
                 log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
                 return first
-            if not isinstance(last, InFlight):
-                return last
+            finally:
+                watch.waiters -= 1
+                if watch.waiters == 0 and not watch.task.done():
+                    # Nobody waits any more: the watch stops.
+                    watch.task.cancel()
+                    self._watches.pop((key, bytes(fingerprint)), None)
+            if seen is not None:
+                return seen
+            try:
+                outcome = await self._begin(key, fingerprint, ttl, lease, None, None)
+            except errors.IdemError as err:
+                log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
+                return first
+            if not isinstance(outcome, InFlight):
+                return outcome
+            last = outcome
         return last
+
+    def _watch_of(self, key: str, fingerprint: bytes, lease_left: float) -> _Watch:
+        ident = (key, fingerprint)
+        watch = self._watches.get(ident)
+        if watch is None or watch.task.done():
+            task = asyncio.ensure_future(self._watch(key, fingerprint, lease_left))
+            watch = _Watch(task)
+            self._watches[ident] = watch
+
+            def settled(done: asyncio.Future[Outcome | None], watch: _Watch = watch) -> None:
+                if self._watches.get(ident) is watch:
+                    del self._watches[ident]
+                if not done.cancelled():
+                    done.exception()  # retrieved: a watch nobody awaits any more
+
+            task.add_done_callback(settled)
+        return watch
+
+    async def _watch(self, key: str, fingerprint: bytes, lease_left: float) -> Outcome | None:
+        """Polls GET (pauses doubling up to a bound, the last ending with the
+        holder's lease): the answer BEGIN would give once the record is
+        completed (its response for this request, else a mismatch), or
+        ``None`` when it changed otherwise or the lease ran out."""
+        expected = stored_hex(fingerprint)
+        holder: int | None = None
+        deadline = time.monotonic() + lease_left
+        for pause in _core.poll_pauses(deadline, time.monotonic):
+            await asyncio.sleep(pause)
+            record = await self.get(key)
+            if record is None:
+                return None
+            if record.state == "completed" and record.response is not None:
+                if record.fingerprint_hex == expected:
+                    return Replay(record.response)
+                return Mismatch()
+            if holder is None:
+                holder = record.token
+            elif record.token != holder:
+                return None
+        return None
 
     async def begin_with(self, key: str, fingerprint: bytes, options: BeginOptions) -> Outcome:
         """``begin`` with its options in one value."""
