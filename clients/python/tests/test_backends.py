@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -438,3 +439,112 @@ def test_waiting_threads_share_one_probe(fresh_managed: RedisServer) -> None:
         t.join()
     assert found == [Backend.FUNCTIONS] * 8
     c.close()
+
+
+# ---------------------------------------------------------------- differential
+
+
+def _normalize(reply: Any, tokens: list[int]) -> Any:
+    """A reply with what differs between two servers for the same history
+    replaced: tokens (time-based) by their order of appearance on the key,
+    times by placeholders (a TTL as expires_at - created_at)."""
+    if isinstance(reply, list):
+        if reply[:1] == [b"in_flight"]:
+            return [b"in_flight", "*"]
+        if reply[:1] == [b"state"]:
+            fields = dict(zip(reply[::2], reply[1::2], strict=True))
+            out: list[Any] = []
+            for name, value in zip(reply[::2], reply[1::2], strict=True):
+                if name in (b"created_at", b"lease_until", b"completed_at"):
+                    value = "*"
+                elif name == b"expires_at":
+                    value = "ttl", int(value) - int(fields[b"created_at"])
+                out += [name, _normalize(value, tokens)]
+            return out
+        return [_normalize(item, tokens) for item in reply]
+    if isinstance(reply, int) and reply in tokens:
+        return f"token{tokens.index(reply)}"
+    return reply
+
+
+def _history(seed: int, tag: str) -> list[tuple[str, Any]]:
+    """Forty random commands on three keys (named with ``tag``): the same
+    commands for the same seed whatever the tag."""
+    rng = random.Random(seed)
+    keys = [f"idem:{{diff:{tag}:{seed}:{i}}}".encode() for i in range(3)]
+    fingerprints = [b"a", FINGERPRINT, b""]
+    ops: list[tuple[str, Any]] = []
+    for _ in range(40):
+        k = rng.choice(keys)
+        kind = rng.choice(["begin", "begin", "complete", "complete", "abort", "touch", "get"])
+        token = rng.choice(["last", "last", "last", "first", "bogus"])
+        if kind == "begin":
+            options = rng.choice(
+                [[], [b"LEASE", b"30000"], [b"PACKED"], [b"LEASE", b"20000", b"PACKED"]]
+            )
+            ttl = rng.choice([b"60", b"3600"])
+            ops.append((kind, [b"IDEM.BEGIN", k, rng.choice(fingerprints), ttl, *options]))
+        elif kind == "complete":
+            headers: list[bytes] = []
+            for _ in range(rng.randrange(3)):
+                headers += [
+                    b"HEADER",
+                    rng.choice([b"content-type", b"set-cookie"]),
+                    rng.randbytes(3),
+                ]
+            body = rng.choice([b"", b"{}", rng.randbytes(20)])
+            status = rng.choice([b"200", b"201", b"500", b"99"])
+            extra = [b"MIRRORED"] if rng.random() < 0.2 else []
+            ops.append((kind, (k, token, [status, body, *headers, *extra])))
+        elif kind in ("abort", "touch"):
+            ops.append((kind, (k, token, [b"20000"] if kind == "touch" else [])))
+        else:
+            ops.append((kind, [b"IDEM.GET", k]))
+    return ops
+
+
+def _play(client: idem.IdemClient, ops: list[tuple[str, Any]]) -> list[Any]:
+    by_key: dict[bytes, list[int]] = {}
+    answers: list[Any] = []
+    for kind, op in ops:
+        if kind in ("complete", "abort", "touch"):
+            k, which, rest = op
+            held = by_key.get(k, [])
+            token = {"last": held[-1:], "first": held[:1]}.get(which) or [1]
+            verb = {"complete": b"IDEM.COMPLETE", "abort": b"IDEM.ABORT", "touch": b"IDEM.TOUCH"}
+            args = [verb[kind], k, str(token[0]).encode(), *rest]
+        else:
+            args = op
+        try:
+            reply = client._query(args)
+        except errors.IdemError as err:
+            answers.append((type(err).__name__, str(err)))
+            continue
+        tokens = by_key.setdefault(args[1], [])
+        if kind == "begin" and isinstance(reply, list) and reply[0] == b"new":
+            tokens.append(reply[1])
+        if kind == "touch" and isinstance(reply, int):
+            reply = "remaining"
+        answers.append(_normalize(reply, tokens))
+    return answers
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_the_library_answers_what_the_module_answers(
+    redis_server: RedisServer, managed_server: RedisServer, protocol: int
+) -> None:
+    # The same random histories on the module and on the library (functions
+    # and scripts): every reply the same bytes, tokens and times aside.
+    module = idem.IdemClient(redis.Redis(port=redis_server.port, protocol=protocol))
+    libraries = [
+        idem.IdemClient(redis.Redis(port=managed_server.port, protocol=protocol), backend=b)
+        for b in ("functions", "scripts")
+    ]
+    for seed in range(15):
+        expected = _play(module, _history(seed, f"module{protocol}"))
+        for c in libraries:
+            tag = f"{c._requested.value}{protocol}"
+            assert _play(c, _history(seed, tag)) == expected, f"seed {seed}, {tag}"
+    module.close()
+    for c in libraries:
+        c.close()
