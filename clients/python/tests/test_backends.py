@@ -398,10 +398,10 @@ def test_an_error_reply_that_is_not_utf8_is_an_error_reply(
     # It is an error of the server's (500, never fail-open), not a broken
     # connection (503), and the connection goes on working.
     c = idem.IdemClient.from_url(managed_server.url, backend="module")
-    with pytest.raises(errors.OtherRedisError) as err:
+    with pytest.raises(errors.BackendMissingError) as err:
         c.begin(key(), FINGERPRINT, ttl=60)
-    assert "unknown command 'IDEM.BEGIN'" in str(err.value)
-    assert not err.value.is_unavailable
+    assert "the module is not loaded (unknown command 'IDEM.BEGIN')" in str(err.value)
+    assert isinstance(err.value, errors.OtherRedisError) and not err.value.is_unavailable
     assert c.redis.ping()
     c.close()
 
@@ -413,7 +413,7 @@ async def test_async_an_error_reply_that_is_not_utf8_is_an_error_reply(
         c = idem.asyncio.IdemClient(
             aredis.Redis(port=managed_server.port, protocol=protocol), backend="module"
         )
-        with pytest.raises(errors.OtherRedisError) as err:
+        with pytest.raises(errors.BackendMissingError) as err:
             await c.begin(key(), FINGERPRINT, ttl=60)
         assert "unknown command 'IDEM.BEGIN'" in str(err.value)
         assert not err.value.is_unavailable

@@ -13,7 +13,15 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from idem import _core, errors, wire
-from idem.backend import Backend, Probe, is_missing, load_command, reload_failed, resolve
+from idem.backend import (
+    Backend,
+    Probe,
+    is_missing,
+    load_command,
+    module_missing,
+    reload_failed,
+    resolve,
+)
 from idem.backend import command as backend_command
 from idem.fingerprint import stored_hex
 from idem.types import (
@@ -293,6 +301,9 @@ class IdemClient:
                 return await self._raw(sent)
             except rexc.ResponseError as err:
                 if not is_missing(backend, err):
+                    missing = module_missing(backend, err)
+                    if missing is not None:
+                        raise missing from err
                     raise
                 # Flushed, or a failover to a node that never had it: load
                 # it and send the call once more.

@@ -172,6 +172,18 @@ def _said(err: BaseException) -> str:
     return text if cut < 0 else text[:cut]
 
 
+def module_missing(backend: Backend, err: BaseException) -> BackendMissingError | None:
+    """On the module, Redis' ``unknown command 'IDEM.…'``: the clear error
+    for a server without the module (a backend forced to ``module``, or a
+    failover to a node without it), else None."""
+    if backend is not Backend.MODULE or not isinstance(err, rexc.ResponseError):
+        return None
+    # Redis 7 quotes the name with ', Redis 6 with `.
+    if not str(err).startswith(("unknown command 'IDEM.", "unknown command `IDEM.")):
+        return None
+    return BackendMissingError(backend.value, [f"the module is not loaded ({_said(err)})"])
+
+
 def reload_failed(
     backend: Backend, missing: BaseException, err: BaseException
 ) -> BackendMissingError:

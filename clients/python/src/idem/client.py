@@ -15,7 +15,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from idem import _core, errors, wire
-from idem.backend import Backend, Probe, is_missing, load_command, reload_failed, resolve
+from idem.backend import (
+    Backend,
+    Probe,
+    is_missing,
+    load_command,
+    module_missing,
+    reload_failed,
+    resolve,
+)
 from idem.backend import command as backend_command
 from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
 from idem.wire import Duration
@@ -234,6 +242,9 @@ class IdemClient:
                 return self._raw(sent)
             except rexc.ResponseError as err:
                 if not is_missing(backend, err):
+                    missing = module_missing(backend, err)
+                    if missing is not None:
+                        raise missing from err
                     raise
                 # Flushed, or a failover to a node that never had it: load
                 # it and send the call once more.
