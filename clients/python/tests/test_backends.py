@@ -14,6 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -53,8 +54,11 @@ def loaded_version(server: RedisServer) -> int | None:
 def test_the_package_ships_the_library_its_contract_names() -> None:
     # The tests run against the installed wheel: its idem/_spec/ holds the
     # library and both contract files.
+    shipped = resources.files("idem").joinpath("_spec/functions/idem.lua")
+    assert shipped.is_file(), "the wheel ships functions/idem.lua"
     spec = _spec.functions()
     source = _spec.library_source()
+    assert source == shipped.read_text(encoding="utf-8")
     assert source.startswith(f"#!lua name={spec['library']}")
     lib = library()
     assert lib.sha == hashlib.sha1(source.encode().partition(b"\n")[2]).hexdigest().encode()
