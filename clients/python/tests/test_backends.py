@@ -215,29 +215,55 @@ def test_the_same_answers_in_resp2_and_resp3(
 # ---------------------------------------------------------------- waiting
 
 
-def test_the_librarys_wait_polls_with_a_growing_interval(managed_server: RedisServer) -> None:
-    begins: list[float] = []
+def test_the_librarys_waiters_share_one_watch_with_a_growing_interval(
+    managed_server: RedisServer,
+) -> None:
+    sent: list[tuple[Any, float]] = []
 
     class Counting(redis.Redis):
         def execute_command(self, *args: Any, **options: Any) -> Any:
-            if args[:2] == (b"FCALL", b"idem_begin"):
-                begins.append(time.monotonic())
+            sent.append((args[:2], time.monotonic()))
             return super().execute_command(*args, **options)
 
     c = idem.IdemClient(Counting(port=managed_server.port), backend="functions")
     k = key()
     holder = c.begin(k, b"fp", ttl=60, lease=30)
     assert isinstance(holder, New)
-    begins.clear()
-    started = time.monotonic()
-    answer = c.begin(k, b"fp", ttl=60, wait=1)
-    elapsed = time.monotonic() - started
-    assert isinstance(answer, InFlight)
-    assert 0.95 < elapsed < 2
-    # Bounded: pauses from 10 ms doubling to 200 ms, not a busy loop.
-    assert 5 <= len(begins) <= 15
-    gaps = [b - a for a, b in itertools.pairwise(begins)]
+    sent.clear()
+    answers: list[idem.Outcome] = []
+    waiters = [
+        threading.Thread(target=lambda: answers.append(c.begin(k, b"fp", ttl=60, wait=5)))
+        for _ in range(20)
+    ]
+    for t in waiters:
+        t.start()
+    time.sleep(1)
+    c.complete(k, holder.token, RESPONSE)
+    for t in waiters:
+        t.join()
+    assert answers == [Replay(RESPONSE)] * 20
+    begins = [at for call, at in sent if call == (b"FCALL", b"idem_begin")]
+    gets = [at for call, at in sent if call == (b"FCALL_RO", b"idem_get")]
+    assert len(begins) == 20, "each waiter's first BEGIN, then none"
+    # One GET per interval for all of them: from 10 ms doubling to 200 ms.
+    assert 4 <= len(gets) <= 15
+    gaps = [b - a for a, b in itertools.pairwise(gets)]
     assert gaps[-2] > gaps[0]
+    assert not c._watches
+    c.close()
+
+
+def test_a_waiter_alone_runs_out_in_flight(managed_server: RedisServer) -> None:
+    c = idem.IdemClient.from_url(managed_server.url, backend="functions")
+    k = key()
+    assert isinstance(c.begin(k, b"fp", ttl=60, lease=30), New)
+    started = time.monotonic()
+    assert isinstance(c.begin(k, b"fp", ttl=60, wait=0.5), InFlight)
+    assert 0.45 < time.monotonic() - started < 1.5
+    stops_by = time.monotonic() + 2  # the watch sees nobody waits, at its next pause
+    while c._watches and time.monotonic() < stops_by:
+        time.sleep(0.01)
+    assert not c._watches
     c.close()
 
 

@@ -23,17 +23,7 @@ from idem.backend import (
     resolve,
 )
 from idem.backend import command as backend_command
-from idem.fingerprint import stored_hex
-from idem.types import (
-    BeginOptions,
-    InFlight,
-    Mismatch,
-    Origin,
-    Outcome,
-    Record,
-    Replay,
-    StoredResponse,
-)
+from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
 from idem.wire import Duration
 
 log = logging.getLogger("idem")
@@ -214,22 +204,13 @@ class IdemClient:
         holder's lease): the answer BEGIN would give once the record is
         completed (its response for this request, else a mismatch), or
         ``None`` when it changed otherwise or the lease ran out."""
-        expected = stored_hex(fingerprint)
-        holder: int | None = None
+        watched = _core.Watched(fingerprint)
         deadline = time.monotonic() + lease_left
         for pause in _core.poll_pauses(deadline, time.monotonic):
             await asyncio.sleep(pause)
-            record = await self.get(key)
-            if record is None:
-                return None
-            if record.state == "completed" and record.response is not None:
-                if record.fingerprint_hex == expected:
-                    return Replay(record.response)
-                return Mismatch()
-            if holder is None:
-                holder = record.token
-            elif record.token != holder:
-                return None
+            ended, answer = watched.judge(await self.get(key))
+            if ended:
+                return answer
         return None
 
     async def begin_with(self, key: str, fingerprint: bytes, options: BeginOptions) -> Outcome:

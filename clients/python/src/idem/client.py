@@ -31,6 +31,16 @@ from idem.wire import Duration
 log = logging.getLogger("idem")
 
 
+class _Watch:
+    """One watch of a record, shared by the waiters of one key and request."""
+
+    def __init__(self) -> None:
+        self.waiters = 0
+        self.done = threading.Event()
+        self.answer: Outcome | None = None
+        self.error: errors.IdemError | None = None
+
+
 class IdemClient:
     """Client for the idem module over a redis-py ``Redis``.
 
@@ -43,7 +53,7 @@ class IdemClient:
     ``begin(..., wait=s)`` sends a normal BEGIN first and only when it
     answers ``in_flight`` a blocking one (``WAIT``) on a connection of its
     own from the pool, so a waiting call never holds up another; on the
-    library (which does not block) it polls BEGIN instead.
+    library (which does not block) it polls instead (``_poll``).
 
     ``backend``: ``"auto"`` (the module where ``IDEM.BEGIN`` exists, else
     the Functions library, loaded when missing or older, else the scripts
@@ -64,6 +74,8 @@ class IdemClient:
         self._requested = Backend.of(backend)
         self._backend = Backend.MODULE if self._requested is Backend.MODULE else None
         self._resolving = threading.Lock()
+        self._watches: dict[tuple[str, bytes], _Watch] = {}
+        self._watching = threading.Lock()
         configured = client.connection_pool.connection_kwargs.get("socket_timeout")
         self.call_timeout: float = (
             call_timeout
@@ -161,21 +173,73 @@ class IdemClient:
         first: InFlight,
         wait: float,
     ) -> Outcome:
-        """The library's WAIT: BEGIN again until it answers something other
-        than ``in_flight`` or ``wait`` runs out (then the last ``in_flight``)."""
+        """The library's WAIT: the waiters of one key and request share one
+        watch of the record (a thread polling GET, ``_watch``), so many
+        duplicates cost one GET per interval, and all get the stored answer
+        from the GET that sees it. When the record changes otherwise
+        (released, expired, taken over, the lease ran out) each sends its
+        own BEGIN, which may make it the new holder."""
         deadline = time.monotonic() + wait
-        last: Outcome = first
-        for pause in _core.poll_pauses(deadline, time.monotonic):
-            assert isinstance(last, InFlight)
-            time.sleep(min(pause, last.retry_after_ms / 1000))
+        ident = (key, bytes(fingerprint))
+        last = first
+        while (left := deadline - time.monotonic()) > 0:
+            with self._watching:
+                watch = self._watches.get(ident)
+                if watch is None or watch.done.is_set():
+                    watch = _Watch()
+                    self._watches[ident] = watch
+                    threading.Thread(
+                        target=self._watch,
+                        args=(ident, watch, last.retry_after_ms / 1000),
+                        name="idem-watch",
+                        daemon=True,
+                    ).start()
+                watch.waiters += 1
             try:
-                last = self._begin(key, fingerprint, ttl, lease, None, None)
+                settled = watch.done.wait(left)
+            finally:
+                with self._watching:
+                    watch.waiters -= 1  # at none, the watch stops
+            if not settled:
+                return last
+            if watch.error is not None:
+                log.warning(
+                    "waiting for the key's holder failed; answering in_flight: %s", watch.error
+                )
+                return first
+            if watch.answer is not None:
+                return watch.answer
+            try:
+                outcome = self._begin(key, fingerprint, ttl, lease, None, None)
             except errors.IdemError as err:
                 log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
                 return first
-            if not isinstance(last, InFlight):
-                return last
+            if not isinstance(outcome, InFlight):
+                return outcome
+            last = outcome
         return last
+
+    def _watch(self, ident: tuple[str, bytes], watch: _Watch, lease_left: float) -> None:
+        """Polls GET (pauses doubling up to a bound, the last ending with the
+        holder's lease) until ``_core.Watched`` ends it, the lease runs out
+        or nobody waits any more."""
+        key, fingerprint = ident
+        watched = _core.Watched(fingerprint)
+        try:
+            for pause in _core.poll_pauses(time.monotonic() + lease_left, time.monotonic):
+                time.sleep(pause)
+                if watch.waiters == 0:
+                    break
+                ended, watch.answer = watched.judge(self.get(key))
+                if ended:
+                    break
+        except errors.IdemError as err:
+            watch.error = err
+        finally:
+            with self._watching:
+                if self._watches.get(ident) is watch:
+                    del self._watches[ident]
+            watch.done.set()
 
     def begin_with(self, key: str, fingerprint: bytes, options: BeginOptions) -> Outcome:
         """``begin`` with its options in one value."""
