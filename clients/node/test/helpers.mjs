@@ -72,8 +72,31 @@ export function cleanup(f) {
   cleanups.push(f);
 }
 
+/**
+ * The servers the client's core tests run against: "module" (the idem module loaded) and "managed" (no module,
+ * MODULE renamed away as managed services do; the client loads the Functions library itself).
+ * IDEM_TEST_BACKENDS=module (or managed) narrows it.
+ */
+export const SERVER_KINDS = (process.env.IDEM_TEST_BACKENDS ?? "module,managed").split(",").filter((k) => k !== "");
+
 /** A redis-server with the module, stopped when the file's tests end. */
 export async function startRedis(...moduleArgs) {
+  return startServer("module", ...moduleArgs);
+}
+
+/** A redis-server as a managed service runs it: no module, MODULE renamed away (plus `args`). */
+export async function startManagedRedis(...args) {
+  return startServer("managed", ...args);
+}
+
+/**
+ * A redis-server of `kind` ("module": with the module and `args` as its module arguments; "managed": without it,
+ * MODULE renamed away, `args` as more server arguments), stopped when the file's tests end.
+ */
+export async function startServer(kind, ...args) {
+  const serverArgs =
+    kind === "module" ? ["--loadmodule", modulePath(), ...args] : kind === "managed" ? ["--rename-command", "MODULE", "", ...args] : null;
+  if (serverArgs === null) throw new Error(`no server kind ${kind}`);
   const port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), "idem-node-redis-"));
   const server = {
@@ -81,11 +104,12 @@ export async function startRedis(...moduleArgs) {
     dir,
     url: `redis://127.0.0.1:${port}/`,
     proc: null,
+    kind,
     async start() {
       this.proc = spawn(
         process.env.IDEM_REDIS_SERVER ?? "redis-server",
         ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir,
-          "--logfile", join(dir, "redis.log"), "--enable-debug-command", "yes", "--loadmodule", modulePath(), ...moduleArgs],
+          "--logfile", join(dir, "redis.log"), "--enable-debug-command", "yes", ...serverArgs],
         { stdio: "ignore" },
       );
       const deadline = Date.now() + 20000;
