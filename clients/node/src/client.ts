@@ -426,11 +426,15 @@ export class IdemClient {
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
-/** A transport failure goes on as UnavailableError (nothing is known yet); any answer of the server is a reason. */
-function passUnreachable(err: unknown): IdemError {
+/**
+ * A transport failure goes on as UnavailableError (nothing is known yet); any answer of the server is a reason, as
+ * text: its code word kept, an unknown command's echo of its arguments (the whole library, for FUNCTION LOAD) left out.
+ */
+function passUnreachable(err: unknown): { message: string } {
   const typed = fromRedis(err);
   if (typed.isUnreachable) throw typed;
-  return typed;
+  const text = typed.code !== null ? `${typed.code} ${typed.detail}` : typed.message;
+  return { message: text.replace(/, with args beginning with: [\s\S]*$/, "") };
 }
 
 /** Whether the server answered that it lacks the library (ERR Function not found) or the script (NOSCRIPT). */
