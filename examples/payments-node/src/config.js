@@ -1,7 +1,8 @@
 // @ts-check
 // Settings from the environment, the same variables, defaults and refusals
 // as examples/payments-api/src/config.rs: REDIS_URL, DATABASE_URL, PORT,
-// READ_THROUGH, WAIT_MS, LEASE_MS, PG_POOL_SIZE, PROCESSOR_DELAY_MS, FENCE.
+// READ_THROUGH, WAIT_MS, LEASE_MS, PG_POOL_SIZE, PROCESSOR_DELAY_MS, FENCE;
+// and BACKEND (auto, module, functions or scripts: where idem runs).
 
 /**
  * @typedef {object} Settings
@@ -14,7 +15,10 @@
  * @property {number} poolSize
  * @property {number} processorDelayMs Simulated payment-processor latency per new payment (0 = none).
  * @property {boolean} fence Commit each new payment with its idempotency row (default: on).
+ * @property {"auto" | "module" | "functions" | "scripts"} backend Where idem runs (default auto: the module, else the library).
  */
+
+const BACKENDS = ["auto", "module", "functions", "scripts"];
 
 /** A bad setting; its message names the variable as the Rust service does. */
 export class SettingsError extends Error {}
@@ -60,6 +64,9 @@ export function fromLookup(get) {
     poolSize = Number(n);
   }
   const delay = millis(get, "PROCESSOR_DELAY_MS");
+  const b = get("BACKEND") ?? "auto";
+  if (!BACKENDS.includes(b)) throw new SettingsError(`BACKEND=${JSON.stringify(b)}: use ${BACKENDS.join(", ")}`);
+  const backend = /** @type {Settings["backend"]} */ (b);
   return {
     redisUrl,
     databaseUrl,
@@ -70,6 +77,7 @@ export function fromLookup(get) {
     poolSize,
     processorDelayMs: delay ?? 0,
     fence,
+    backend,
   };
 }
 

@@ -21,7 +21,7 @@ async function main() {
   }
   let client;
   try {
-    client = await IdemClient.connect(settings.redisUrl);
+    client = await IdemClient.connect(settings.redisUrl, { backend: settings.backend });
   } catch (err) {
     throw new Error(`connect to Redis: ${String(err)}`, { cause: err });
   }
@@ -37,7 +37,7 @@ async function main() {
     logger: { warn: log, error: log },
   });
   await app.listen({ host: "127.0.0.1", port: settings.port });
-  log(`payments API listening on http://127.0.0.1:${settings.port} (read_through=${settings.readThrough}, fence=${settings.fence}, claim_up_front=${settings.fence && settings.readThrough})`);
+  log(`payments API listening on http://127.0.0.1:${settings.port} (backend=${client.backend}, read_through=${settings.readThrough}, fence=${settings.fence}, claim_up_front=${settings.fence && settings.readThrough})`);
   let stopping = false;
   const stop = async () => {
     if (stopping) return;

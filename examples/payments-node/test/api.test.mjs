@@ -8,7 +8,7 @@ import { test, before } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import { startRedis, emptyDatabase, freePort, cleanup, sleep } from "../../../clients/node/test/helpers.mjs";
+import { startRedis, startManagedRedis, emptyDatabase, freePort, cleanup, sleep } from "../../../clients/node/test/helpers.mjs";
 import { request } from "../../../clients/node/test/apps.mjs";
 
 const SERVE = fileURLToPath(new URL("../serve", import.meta.url));
@@ -114,6 +114,53 @@ test("the HTTP API: the four outcomes, GET, validation, 405, tenants", async () 
   // No key: no idempotency, each request pays.
   assert.equal((await pay(app, null, body)).status, 201);
   await app.stop();
+});
+
+test("on a managed Redis (no module) the library runs: its start-up log says which backend, payments are kept single", async () => {
+  const managed = await startManagedRedis();
+  for (const backend of ["auto", "functions", "scripts"]) {
+    const app = await startApp({ REDIS_URL: managed.url, BACKEND: backend, PROCESSOR_DELAY_MS: "200" });
+    const expected = backend === "auto" ? "functions" : backend;
+    assert.match(app.stderr(), new RegExp(`listening on .*\\(backend=${expected}, `), app.stderr());
+    const body = { amount: 700, currency: "EUR", recipient: backend };
+    const [first, during] = await Promise.all([pay(app, `m-${backend}`, body), sleep(60).then(() => pay(app, `m-${backend}`, body))]);
+    assert.equal(first.status, 201, first.text);
+    assert.equal(during.status, 409);
+    const replay = await pay(app, `m-${backend}`, body);
+    assert.equal(replay.text, first.text);
+    assert.equal(replay.headers["idempotent-replayed"], "true");
+    assert.equal((await pay(app, `m-${backend}`, { ...body, amount: 701 })).status, 422);
+    const [{ n }] = await app.count("SELECT count(*)::int AS n FROM payments WHERE recipient = $1", [backend]);
+    assert.equal(n, 1);
+    await app.stop();
+  }
+  // With the module asked for, it says so once at start and exits.
+  const db = await emptyDatabase();
+  const proc = spawn(SERVE, [], {
+    env: { ...process.env, REDIS_URL: managed.url, DATABASE_URL: db.url, PORT: String(await freePort()), BACKEND: "module" },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let stderr = "";
+  proc.stderr.on("data", (c) => (stderr += c));
+  const code = await new Promise((resolve) => proc.once("exit", resolve));
+  assert.equal(code, 1);
+  assert.match(stderr, /connect to Redis: NoBackendError: backend "module" was chosen and this Redis cannot run it .*--loadmodule/);
+  assert.equal(stderr.match(/NoBackendError/g).length, 1, stderr);
+});
+
+test("a Redis without idem (no module, no loadable library) is reported once at start with what to do", async () => {
+  const none = await startManagedRedis("--rename-command", "FUNCTION", "", "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-eval", "-evalsha", "-script");
+  const db = await emptyDatabase();
+  const proc = spawn(SERVE, [], {
+    env: { ...process.env, REDIS_URL: none.url, DATABASE_URL: db.url, PORT: String(await freePort()) },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let stderr = "";
+  proc.stderr.on("data", (c) => (stderr += c));
+  const code = await new Promise((resolve) => proc.once("exit", resolve));
+  assert.equal(code, 1);
+  assert.match(stderr, /this Redis has no idem \(module: .*; functions: .*; scripts: .*\)\. Load the module/);
+  assert.equal(stderr.match(/this Redis has no idem/g).length, 1, stderr);
 });
 
 test("bad settings are refused before the service starts", async () => {

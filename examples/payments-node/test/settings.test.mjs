@@ -22,6 +22,7 @@ test("defaults", () => {
     poolSize: 16,
     processorDelayMs: 0,
     fence: true,
+    backend: "auto",
   });
 });
 
@@ -40,6 +41,7 @@ test("overrides", () => {
   assert.equal(s.redisUrl, "redis://h:1/");
   assert.equal(settings({ DATABASE_URL: "x", WAIT_MS: "0" }).waitMs, null, "a wait of 0 is no wait");
   for (const on of ["1", "true", "on"]) assert.equal(settings({ DATABASE_URL: "x", FENCE: on }).fence, true);
+  for (const b of ["auto", "module", "functions", "scripts"]) assert.equal(settings({ DATABASE_URL: "x", BACKEND: b }).backend, b);
 });
 
 test("bad values are refused, naming the variable as the Rust service does", () => {
@@ -53,6 +55,7 @@ test("bad values are refused, naming the variable as the Rust service does", () 
     [{ LEASE_MS: "-1" }, 'LEASE_MS="-1" is not a number of milliseconds'],
     [{ PROCESSOR_DELAY_MS: "1.5" }, 'PROCESSOR_DELAY_MS="1.5" is not a number of milliseconds'],
     [{ PG_POOL_SIZE: "many" }, 'PG_POOL_SIZE="many"'],
+    [{ BACKEND: "lua" }, 'BACKEND="lua": use auto, module, functions, scripts'],
   ];
   for (const [vars, message] of cases) {
     const env = Object.keys(vars).length === 0 ? {} : { DATABASE_URL: "x", ...vars };
