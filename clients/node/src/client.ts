@@ -11,7 +11,7 @@ import { createClient, ErrorReply, RESP_TYPES, type RedisClientOptions } from "@
 import * as spec from "./spec.js";
 import * as wire from "./wire.js";
 import { outboxKey } from "./slot.js";
-import { IdemError, BadArgError, NoBackendError, UnavailableError, fromRedis } from "./errors.js";
+import { IdemError, BadArgError, NoBackendError, OtherRedisError, UnavailableError, fromRedis } from "./errors.js";
 import type { BeginOptions, InFlight, KeyRecord, Origin, Outcome, StoredResponse } from "./types.js";
 
 /**
@@ -110,21 +110,29 @@ export class IdemClient {
    */
   static async connect(url: string, options: IdemClientOptions & { redis?: RedisClientOptions } = {}): Promise<IdemClient> {
     const timeout = options.callTimeoutMs ?? defaultCallTimeoutMs();
-    const client = createClient({
-      url,
-      disableOfflineQueue: true,
-      ...options.redis,
-      socket: {
-        connectTimeout: timeout,
-        reconnectStrategy: (retries: number) => Math.min(50 * 2 ** retries, 1000),
-        ...options.redis?.socket,
-      },
-    });
+    let client: ReturnType<typeof createClient>;
+    try {
+      client = createClient({
+        url,
+        disableOfflineQueue: true,
+        ...options.redis,
+        socket: {
+          connectTimeout: timeout,
+          reconnectStrategy: (retries: number) => Math.min(50 * 2 ** retries, 1000),
+          ...options.redis?.socket,
+        },
+      });
+    } catch (err) {
+      // A malformed URL: node's URL error carries the whole input (password included) as err.input, so it is
+      // not kept as the cause.
+      // eslint-disable-next-line preserve-caught-error
+      throw new TypeError(`invalid Redis URL ${maskUrl(url)}: ${err instanceof Error ? err.message : String(err)}`);
+    }
     // Connection errors surface on the commands; the client reconnects on its own.
     client.on("error", () => undefined);
     try {
       // The first connection must come within the call timeout (node-redis would retry it forever).
-      await withTimeout(client.connect(), timeout);
+      await connectBounded(client, timeout, maskUrl(url));
     } catch (err) {
       client.destroy();
       throw fromRedis(err);
@@ -402,7 +410,7 @@ export class IdemClient {
       conn = this.redis.duplicate();
       (conn as unknown as { on?: (e: string, f: () => void) => void }).on?.("error", () => undefined);
       try {
-        await withTimeout(conn.connect(), this.callTimeoutMs);
+        await connectBounded(conn, this.callTimeoutMs, "a waiting connection");
       } catch (err) {
         conn.destroy?.();
         throw fromRedis(err);
@@ -475,10 +483,59 @@ export function scriptSha(): string {
   return sha;
 }
 
-function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
+/** `url` with its password (and a user's name before it, when given) replaced by "***", also when it does not parse. */
+export function maskUrl(url: string): string {
+  return url.replace(/^([a-z][a-z0-9+.-]*:\/\/[^/?#@]*?:)[^/?#]*@/i, "$1***@").replace(/^([a-z][a-z0-9+.-]*:\/\/)([^/?#:@]+)@/i, "$1***@");
+}
+
+/** Whether a socket error is TLS refusing the peer (its certificate, its host name) or the peer refusing us: a configuration error, never an outage. */
+export function isTlsFailure(err: unknown): boolean {
+  if (!(err instanceof Error)) return false;
+  const code = (err as { code?: unknown }).code;
+  if (typeof code === "string" && /^(ERR_TLS_|ERR_SSL_|ERR_OSSL_|CERT_|UNABLE_TO_|DEPTH_ZERO_SELF_SIGNED_CERT|SELF_SIGNED_CERT_IN_CHAIN|HOSTNAME_MISMATCH)/.test(code)) return true;
+  return (err as { library?: unknown }).library === "SSL routines";
+}
+
+interface Connectable {
+  connect(): Promise<unknown>;
+  on?(event: "error", listener: (err: unknown) => void): unknown;
+  off?(event: "error", listener: (err: unknown) => void): unknown;
+}
+
+/**
+ * The first connection, within `ms`: a TLS failure (a certificate not trusted, a host name it does not name, a
+ * client certificate the server wants) fails at once with its own text, as OtherRedisError (fail closed: never
+ * retried as an outage); any other failure is retried until `ms`, then UnavailableError with the last error's text.
+ */
+async function connectBounded(client: Connectable, ms: number, what: string): Promise<void> {
+  let last: unknown;
+  let fail: (err: unknown) => void = () => undefined;
+  const tls = new Promise<never>((_, reject) => {
+    fail = reject;
+  });
+  const listener = (err: unknown): void => {
+    last = err;
+    if (isTlsFailure(err)) {
+      const code = (err as { code?: unknown }).code;
+      fail(new OtherRedisError(`TLS to ${what} failed: ${(err as Error).message.trim()}${typeof code === "string" ? ` (${code})` : ""}`, { cause: err }));
+    }
+  };
+  client.on?.("error", listener);
+  try {
+    await withTimeout(Promise.race([client.connect(), tls]), ms, () => last);
+  } finally {
+    client.off?.("error", listener);
+  }
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number, lastError: () => unknown = () => undefined): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new UnavailableError(`no answer within ${ms} ms`)), ms);
+    timer = setTimeout(() => {
+      const last = lastError();
+      const why = last instanceof Error ? ` (last error: ${last.message || last.name})` : "";
+      reject(new UnavailableError(`no answer within ${ms} ms${why}`, last === undefined ? undefined : { cause: last }));
+    }, ms);
   });
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }

@@ -7,6 +7,8 @@ export {
   IdemClient,
   BACKENDS,
   defaultCallTimeoutMs,
+  isTlsFailure,
+  maskUrl,
   scriptBody,
   scriptSha,
   translate,

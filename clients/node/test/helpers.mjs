@@ -1,8 +1,8 @@
 // Test fixtures: a redis-server with the idem module on a free port (never
 // 6379 or 6390) and throwaway Postgres databases with the writer's
 // migrations (either layout), removed at the end whatever happens.
-import { spawn } from "node:child_process";
-import { mkdtempSync, readdirSync, readFileSync, rmSync, existsSync, statSync } from "node:fs";
+import { spawn, spawnSync } from "node:child_process";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, existsSync, statSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -258,4 +258,69 @@ export async function database(layout = "unpartitioned") {
 /** A key no other test uses. */
 export function key() {
   return `idem:{t:${randomUUID().replaceAll("-", "")}}`;
+}
+
+/**
+ * A throwaway certificate authority with certificates signed by it, removed when the file's tests end: "server"
+ * (for 127.0.0.1 and localhost), "other" (for other.example only) and "client". Each is { crt, key } file paths.
+ */
+export function certificates() {
+  const dir = mkdtempSync(join(tmpdir(), "idem-node-certs-"));
+  cleanup(() => rmSync(dir, { recursive: true, force: true }));
+  const run = (...args) => {
+    const r = spawnSync("openssl", args, { cwd: dir, stdio: ["ignore", "ignore", "pipe"] });
+    if (r.status !== 0) throw new Error(`openssl ${args[0]}: ${r.stderr}`);
+  };
+  run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=idem test CA");
+  const out = { dir, ca: join(dir, "ca.crt") };
+  for (const [name, san] of [["server", "IP:127.0.0.1,DNS:localhost"], ["other", "DNS:other.example"], ["client", "DNS:client"]]) {
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", `${name}.key`, "-out", `${name}.csr`, "-subj", `/CN=${name}`);
+    writeFileSync(join(dir, `${name}.ext`), `subjectAltName=${san}\n`);
+    run("x509", "-req", "-in", `${name}.csr`, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${name}.crt`, "-days", "2", "-extfile", `${name}.ext`);
+    out[name] = { crt: join(dir, `${name}.crt`), key: join(dir, `${name}.key`) };
+  }
+  return out;
+}
+
+/**
+ * A TLS-only redis-server as a managed service runs it (no module, MODULE renamed away), presenting `cert` (one of
+ * certificates()'s) and asking clients for a certificate when `authClients`; stopped when the file's tests end.
+ * `url` is its rediss:// URL; `tls` the node-redis socket options of a client that trusts it and has a certificate.
+ */
+export async function startTlsRedis(certs, { cert = certs.server, authClients = true } = {}) {
+  const port = await freePort();
+  const dir = mkdtempSync(join(tmpdir(), "idem-node-redis-"));
+  const proc = spawn(
+    process.env.IDEM_REDIS_SERVER ?? "redis-server",
+    ["--port", "0", "--tls-port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir,
+      "--logfile", join(dir, "redis.log"), "--tls-cert-file", cert.crt, "--tls-key-file", cert.key, "--tls-ca-cert-file", certs.ca,
+      "--tls-auth-clients", authClients ? "yes" : "no", "--rename-command", "MODULE", ""],
+    { stdio: "ignore" },
+  );
+  cleanup(async () => {
+    if (proc.exitCode === null) {
+      const exited = new Promise((resolve) => proc.once("exit", resolve));
+      proc.kill("SIGKILL");
+      await exited;
+    }
+    rmSync(dir, { recursive: true, force: true });
+  });
+  const tls = { tls: true, ca: readFileSync(certs.ca), cert: readFileSync(certs.client.crt), key: readFileSync(certs.client.key), servername: "localhost" };
+  const url = `rediss://127.0.0.1:${port}/`;
+  const deadline = Date.now() + 20000;
+  while (Date.now() < deadline) {
+    if (proc.exitCode !== null) throw new Error(`redis-server exited: ${readFileSync(join(dir, "redis.log"), "utf8")}`);
+    const c = createClient({ url, socket: { ...tls, checkServerIdentity: () => undefined, reconnectStrategy: false } });
+    c.on("error", () => undefined);
+    try {
+      await c.connect();
+      await c.ping();
+      await c.close();
+      return { port, url, tls };
+    } catch {
+      if (c.isOpen) c.destroy();
+      await sleep(20);
+    }
+  }
+  throw new Error("redis-server (TLS) not ready");
 }
