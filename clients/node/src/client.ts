@@ -329,13 +329,25 @@ export class IdemClient {
     return Number(text);
   }
 
-  /** Whether the module is loaded: COMMAND INFO IDEM.BEGIN answers an entry. True, or why not. */
+  /**
+   * Whether the module is loaded: COMMAND INFO IDEM.BEGIN answers an entry. A user that may not run COMMAND (the
+   * documented application user runs only the IDEM.* commands) asks IDEM.GET instead: any answer but "unknown
+   * command" (a record, none, NOPERM for the command or the key) means the module is there. True, or why not.
+   */
   private async hasModule(): Promise<true | string> {
     let reply: unknown;
     try {
       reply = await this.send(["COMMAND", "INFO", "IDEM.BEGIN"]);
     } catch (err) {
-      return `COMMAND INFO IDEM.BEGIN failed: ${passUnreachable(err).message}`;
+      const refused = passUnreachable(err).message;
+      try {
+        await this.send(["IDEM.GET", "idem:{backend-probe}"]);
+        return true;
+      } catch (probe) {
+        const answer = passUnreachable(probe).message;
+        if (!/^ERR unknown command/i.test(answer)) return true;
+        return `COMMAND INFO IDEM.BEGIN failed (${refused}) and IDEM.GET answered ${answer}`;
+      }
     }
     if (Array.isArray(reply) && reply.length === 1 && reply[0] !== null && reply[0] !== undefined) return true;
     return "IDEM.BEGIN does not exist (no module loaded)";
@@ -522,7 +534,13 @@ async function connectBounded(client: Connectable, ms: number, what: string): Pr
   };
   client.on?.("error", listener);
   try {
-    await withTimeout(Promise.race([client.connect(), tls]), ms, () => last);
+    await withTimeout(Promise.race([client.connect(), tls]), ms, () => {
+      // TLS 1.3 sends "certificate required" after the handshake: the client may see only the reset that follows.
+      if (what.startsWith("rediss://") && last instanceof Error && (last as { code?: unknown }).code === "ECONNRESET") {
+        return new Error(`${last.message}: the server ended the TLS connection; does it want a client certificate?`, { cause: last });
+      }
+      return last;
+    });
   } finally {
     client.off?.("error", listener);
   }

@@ -10,13 +10,14 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { createClient, RESP_TYPES } from "@redis/client";
 import * as idem from "../dist/index.js";
-import { startManagedRedis, key, sleep, loadSpec } from "./helpers.mjs";
+import { startManagedRedis, startServer, key, sleep, loadSpec, SERVER_KINDS } from "./helpers.mjs";
 import { FRAMEWORKS, request } from "./apps.mjs";
 
 const fp = (s) => createHash("sha256").update(s).digest();
 const ttlMs = 60_000;
 const FUNCTIONS = loadSpec("functions.json");
 const HTTP = loadSpec("http.json");
+const LIBRARY_COMMANDS = "+del +exists +hdel +hset +hmget +pexpireat +pexpiretime +pttl +time +zadd +zrem +zscore";
 let managed;
 
 before(async () => {
@@ -298,4 +299,28 @@ test("the middleware on the library: new, replay with the stored headers, 422, a
     }
   }
   await c.close();
+});
+
+test("users that may not run COMMAND: the documented application user finds the module; a managed service's user the library", async () => {
+  const servers = [];
+  if (SERVER_KINDS.includes("module")) servers.push(["module", await startServer("module"), "+idem.begin +idem.complete +idem.abort +idem.touch +idem.get"]);
+  // The library's functions run as the calling user: it needs the commands they call (README, "Backends").
+  servers.push(["functions", managed, `+fcall +fcall_ro +function|load ${LIBRARY_COMMANDS}`]);
+  for (const [backend, server, commands] of servers) {
+    const raw = await plain(server.url);
+    try {
+      await raw.sendCommand(["ACL", "SETUSER", "app", "reset", "on", ">app-secret", "~idem:*", "-@all", ...commands.split(" "), "+ping"]);
+      const url = server.url.replace("redis://", "redis://app:app-secret@");
+      const c = await idem.IdemClient.connect(url);
+      assert.equal(c.backend, backend);
+      const k = key();
+      const { token } = await c.begin(k, fp("a"), { ttlMs });
+      await c.complete(k, token, idem.storedResponse(201, "acl"));
+      assert.equal((await c.get(k)).state, "completed");
+      await c.close();
+    } finally {
+      await raw.sendCommand(["ACL", "DELUSER", "app"]);
+      await raw.close();
+    }
+  }
 });

@@ -262,7 +262,8 @@ export function key() {
 
 /**
  * A throwaway certificate authority with certificates signed by it, removed when the file's tests end: "server"
- * (for 127.0.0.1 and localhost), "other" (for other.example only) and "client". Each is { crt, key } file paths.
+ * (for 127.0.0.1 and localhost), "other" (for other.example only), "client", and "postgres" (a client certificate
+ * for Postgres' user postgres: its CN). Each is { crt, key } file paths.
  */
 export function certificates() {
   const dir = mkdtempSync(join(tmpdir(), "idem-node-certs-"));
@@ -273,7 +274,7 @@ export function certificates() {
   };
   run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=idem test CA");
   const out = { dir, ca: join(dir, "ca.crt") };
-  for (const [name, san] of [["server", "IP:127.0.0.1,DNS:localhost"], ["other", "DNS:other.example"], ["client", "DNS:client"]]) {
+  for (const [name, san] of [["server", "IP:127.0.0.1,DNS:localhost"], ["other", "DNS:other.example"], ["client", "DNS:client"], ["postgres", "DNS:postgres"]]) {
     run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", `${name}.key`, "-out", `${name}.csr`, "-subj", `/CN=${name}`);
     writeFileSync(join(dir, `${name}.ext`), `subjectAltName=${san}\n`);
     run("x509", "-req", "-in", `${name}.csr`, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", `${name}.crt`, "-days", "2", "-extfile", `${name}.ext`);
@@ -323,4 +324,49 @@ export async function startTlsRedis(certs, { cert = certs.server, authClients = 
     }
   }
   throw new Error("redis-server (TLS) not ready");
+}
+
+/**
+ * A throwaway Postgres cluster that takes only TLS connections with a client certificate (hostssl ... cert: the
+ * certificate's CN is the user), presenting certs.server; stopped and removed when the file's tests end. Its
+ * `url(params)` is a postgresql:// URL for user postgres on localhost with `params` (sslmode, sslcert, ...).
+ */
+export async function startTlsPostgres(certs) {
+  const bin = readdirSync("/usr/lib/postgresql").sort().map((v) => join("/usr/lib/postgresql", v, "bin")).pop();
+  const root = mkdtempSync(join(tmpdir(), "idem-node-pg-"));
+  const data = join(root, "data");
+  const asPostgres = (cmd, ...args) => {
+    const [file, argv] = process.getuid?.() === 0 ? ["runuser", ["-u", "postgres", "--", cmd, ...args]] : [cmd, args];
+    const r = spawnSync(file, argv, { stdio: ["ignore", "ignore", "pipe"] });
+    if (r.status !== 0) throw new Error(`${cmd}: ${r.stderr}`);
+  };
+  spawnSync("chmod", ["755", root]);
+  if (process.getuid?.() === 0) spawnSync("chown", ["postgres", root]);
+  const port = await freePort();
+  cleanup(() => {
+    if (existsSync(join(data, "postmaster.pid"))) {
+      try {
+        asPostgres(join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop");
+      } catch {
+        // already gone
+      }
+    }
+    rmSync(root, { recursive: true, force: true });
+  });
+  asPostgres(join(bin, "initdb"), "-D", data, "-U", "postgres", "--auth=trust");
+  for (const [from, to] of [[certs.server.crt, "server.crt"], [certs.server.key, "server.key"], [certs.ca, "ca.crt"]]) {
+    writeFileSync(join(data, to), readFileSync(from), { mode: 0o600 });
+    if (process.getuid?.() === 0) spawnSync("chown", ["postgres", join(data, to)]);
+  }
+  writeFileSync(join(data, "pg_hba.conf"), "hostssl all all 127.0.0.1/32 cert\nhostssl all all ::1/128 cert\n");
+  asPostgres(join(bin, "pg_ctl"), "-D", data, "-l", join(root, "server.log"), "-w", "start", "-o",
+    `-p ${port} -c listen_addresses=localhost -c unix_socket_directories=${root} -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c ssl_ca_file=ca.crt -c fsync=off`);
+  return {
+    port,
+    url(params = {}) {
+      const u = new URL(`postgresql://postgres@localhost:${port}/postgres`);
+      for (const [k, v] of Object.entries(params)) u.searchParams.set(k, v);
+      return u.toString();
+    },
+  };
 }

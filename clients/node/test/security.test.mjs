@@ -52,9 +52,12 @@ test("TLS: a trusted server with a client certificate runs the commands; each TL
   const without = (o, ...names) => Object.fromEntries(Object.entries(o).filter(([n]) => !names.includes(n)));
   const untrusted = without(server.tls, "ca");
   await refused(untrusted, /^TLS to rediss:\/\/127\.0\.0\.1:\d+\/ failed: self-signed certificate in certificate chain/, "SELF_SIGNED_CERT_IN_CHAIN");
-  // No client certificate for a server that asks for one.
+  // No client certificate for a server that asks for one: TLS 1.3's alert comes after the handshake, so the client
+  // reads it, or (when its first write comes first) only the reset, named as such once the call timeout is over.
   const anonymous = without(server.tls, "cert", "key");
-  await refused(anonymous, /certificate required/, "ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED");
+  const err = await idem.IdemClient.connect(server.url, { callTimeoutMs: 1000, redis: { socket: anonymous } }).then(() => null, (e) => e);
+  if (err instanceof idem.OtherRedisError) assert.match(err.message, /certificate required/);
+  else assert.match(String(err), /^UnavailableError: no answer within 1000 ms \(last error: .*ECONNRESET: the server ended the TLS connection; does it want a client certificate\?\)/);
   // The password in the URL is masked in the TLS error too.
   await refused(untrusted, /^TLS to rediss:\/\/:\*\*\*@127\.0\.0\.1/, "SELF_SIGNED_CERT_IN_CHAIN", server.url.replace("rediss://", "rediss://:s3cret@"));
 
