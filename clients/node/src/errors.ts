@@ -103,6 +103,15 @@ export class WritesRefusedError extends IdemError {
 }
 /** Any other Redis error (refused credentials or settings, an unknown code): 500, never fail-open. */
 export class OtherRedisError extends IdemError {}
+/**
+ * The server has no idem: neither the module (IDEM.BEGIN) nor a Functions library or script the client may load
+ * (FUNCTION LOAD or SCRIPT LOAD refused or renamed away). Found when the client starts (IdemClient.connect) or on
+ * its first call; the message says what was tried and what to do. Answered 503, never fail-open: the store is
+ * reachable but cannot keep keys until an operator acts.
+ */
+export class NoBackendError extends IdemError {
+  protected override readonly writesRefused = true;
+}
 /** The module answered something this client does not understand. */
 export class UnexpectedReplyError extends IdemError {}
 /** Postgres could not be read or written (read-through, the fence). */

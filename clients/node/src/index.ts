@@ -3,7 +3,21 @@
 // two-phase fence, and the framework-neutral Idempotency-Key flow; the
 // Express middleware is `idem-client/express`, the Fastify plugin
 // `idem-client/fastify`).
-export { IdemClient, defaultCallTimeoutMs, type IdemClientOptions, type RedisLike } from "./client.js";
+export {
+  IdemClient,
+  BACKENDS,
+  defaultCallTimeoutMs,
+  isTlsFailure,
+  maskUrl,
+  scriptBody,
+  scriptSha,
+  translate,
+  type Backend,
+  type BackendChoice,
+  type IdemClientOptions,
+  type RedisLike,
+} from "./client.js";
+export { crc16, hashTag, outboxKey, slot, SLOTS } from "./slot.js";
 export * from "./errors.js";
 export * from "./types.js";
 export { canonicalize, formatDouble, MAX_DEPTH } from "./canonicalJson.js";

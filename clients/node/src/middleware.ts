@@ -20,7 +20,7 @@
 //   claim_up_front).
 import * as spec from "./spec.js";
 import { canonicalize } from "./canonicalJson.js";
-import { CompletedError, IdemError, NotFoundError, PostgresError, StaleError } from "./errors.js";
+import { CompletedError, IdemError, NoBackendError, NotFoundError, PostgresError, StaleError } from "./errors.js";
 import { Fence, FenceReport, type Claim, type Layout } from "./fence.js";
 import { Fingerprinter } from "./fingerprint.js";
 import { InvalidKeyError, parseKey, redisKey, tenantOfLines } from "./keys.js";
@@ -177,6 +177,8 @@ export class Idempotency {
   readonly claimUpFront: boolean;
   readonly logger: Logger;
   private readonly background = new Set<Promise<unknown>>();
+  /** Whether "this Redis has no idem" was logged (once, until a BEGIN succeeds again). */
+  private reportedNoBackend = false;
 
   constructor(options: IdempotencyOptions) {
     const d = spec.http().defaults;
@@ -247,6 +249,12 @@ export class Idempotency {
       [outcome, fence] = await this.beginRequest(rkey, fingerprint);
     } catch (err) {
       if (!(err instanceof IdemError)) throw err;
+      if (err instanceof NoBackendError) {
+        // Every request would say the same: an operator must act (load the module or the library).
+        if (!this.reportedNoBackend) this.logger.error(`idempotency store unusable; answering 503 until it is fixed: ${err.message}`);
+        this.reportedNoBackend = true;
+        return { kind: "respond", response: problem("unavailable") };
+      }
       if (this.failsOpenOn(err)) {
         this.logger.warn(`idempotency store unavailable; running unprotected: ${err.message}`);
         return { kind: "pass" };
@@ -258,6 +266,7 @@ export class Idempotency {
       this.logger.error(`IDEM.BEGIN failed: ${err.message}`);
       return { kind: "respond", response: problem("internal") };
     }
+    this.reportedNoBackend = false;
     if (outcome.kind === "new") return { kind: "run", run: new Run(this, rkey, outcome.token, fingerprint, fence ?? undefined) };
     return { kind: "respond", response: this.answer(outcome) };
   }

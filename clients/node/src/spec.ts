@@ -1,15 +1,16 @@
 // The repository's spec/ data files, which this package reads instead of
 // copying their facts: shipped in the package as spec/ (copied at build and
 // pack time by scripts/copy-spec.mjs); in a checkout without that copy, read
-// from the repository's spec/.
+// from the repository's spec/. The Functions library (functions/idem.lua) is
+// shipped the same way, as functions/idem.lua in the package.
 import { existsSync, readFileSync } from "node:fs";
 
 const cache = new Map<string, unknown>();
 
-function path(name: string): URL {
-  const shipped = new URL(`../spec/${name}`, import.meta.url);
+function path(name: string, dir = "spec"): URL {
+  const shipped = new URL(`../${dir}/${name}`, import.meta.url);
   if (existsSync(shipped)) return shipped;
-  return new URL(`../../../spec/${name}`, import.meta.url);
+  return new URL(`../../../${dir}/${name}`, import.meta.url);
 }
 
 /** One spec file, parsed (`errors.json`, `http.json`, `fence.json`, `read_through.json`). */
@@ -107,3 +108,37 @@ export const errors = (): ErrorsSpec => load("errors.json") as ErrorsSpec;
 export const http = (): HttpSpec => load("http.json") as HttpSpec;
 export const fence = (): FenceSpec => load("fence.json") as FenceSpec;
 export const readThrough = (): ReadThroughSpec => load("read_through.json") as ReadThroughSpec;
+
+export interface FunctionsSpec {
+  library: string;
+  source: string;
+  version: number;
+  functions: Record<
+    "begin" | "complete" | "abort" | "touch" | "get" | "mirror_claim" | "mirror_ack" | "version",
+    { name: string; module: string | null; keys: string[]; args: string; flags?: string[] }
+  >;
+  errors: { missing_function: string; missing_script: string };
+}
+
+export interface OutboxSlotsSpec {
+  prefix: string;
+  suffix: string;
+  tags: string[];
+}
+
+export const functions = (): FunctionsSpec => load("functions.json") as FunctionsSpec;
+export const outboxSlots = (): OutboxSlotsSpec => load("outbox_slots.json") as OutboxSlotsSpec;
+
+let library: string | undefined;
+
+/** Where the Functions library's source is read from: the package's functions/idem.lua, else the repository's. */
+export function libraryPath(): URL {
+  const name = functions().source.replace(/^functions\//, "");
+  return path(name, "functions");
+}
+
+/** The Functions library's source (functions/idem.lua), as FUNCTION LOAD takes it. */
+export function librarySource(): string {
+  library ??= readFileSync(libraryPath(), "utf8");
+  return library;
+}

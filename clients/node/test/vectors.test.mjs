@@ -189,9 +189,13 @@ test("problem bodies and Retry-After follow spec/http.json", () => {
 });
 
 test("the package ships the repository's spec files, copied at build time", () => {
-  for (const name of ["errors.json", "http.json", "read_through.json", "fence.json"]) {
+  for (const name of ["errors.json", "http.json", "read_through.json", "fence.json", "functions.json", "outbox_slots.json"]) {
     assert.deepEqual(readFileSync(join(REPO, "clients/node/spec", name)), readFileSync(join(SPEC, name)), name);
   }
+  // The Functions library, which the client loads where the module is not.
+  assert.deepEqual(readFileSync(join(REPO, "clients/node/functions/idem.lua")), readFileSync(join(REPO, "functions/idem.lua")));
+  assert.equal(idem.spec.libraryPath().pathname, join(REPO, "clients/node/functions/idem.lua"));
   const pack = JSON.parse(readFileSync(join(REPO, "clients/node/package.json"), "utf8"));
   assert.ok(pack.files.includes("spec"));
+  assert.ok(pack.files.includes("functions"));
 });

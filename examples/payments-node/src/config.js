@@ -1,7 +1,11 @@
 // @ts-check
 // Settings from the environment, the same variables, defaults and refusals
 // as examples/payments-api/src/config.rs: REDIS_URL, DATABASE_URL, PORT,
-// READ_THROUGH, WAIT_MS, LEASE_MS, PG_POOL_SIZE, PROCESSOR_DELAY_MS, FENCE.
+// READ_THROUGH, WAIT_MS, LEASE_MS, PG_POOL_SIZE, PROCESSOR_DELAY_MS, FENCE;
+// and BACKEND (auto, module, functions or scripts: where idem runs);
+// REDIS_CA_CERT, REDIS_CLIENT_CERT and REDIS_CLIENT_KEY (PEM files, for a
+// rediss:// REDIS_URL). Postgres takes its TLS settings in DATABASE_URL as
+// libpq does (sslmode, sslrootcert, sslcert, sslkey).
 
 /**
  * @typedef {object} Settings
@@ -14,7 +18,12 @@
  * @property {number} poolSize
  * @property {number} processorDelayMs Simulated payment-processor latency per new payment (0 = none).
  * @property {boolean} fence Commit each new payment with its idempotency row (default: on).
+ * @property {"auto" | "module" | "functions" | "scripts"} backend Where idem runs (default auto: the module, else the library).
+ * @property {{ ca: string | null, cert: string | null, key: string | null }} redisTls PEM files for TLS to Redis: a CA to trust
+ *   (besides the platform's) and a client certificate with its key.
  */
+
+const BACKENDS = ["auto", "module", "functions", "scripts"];
 
 /** A bad setting; its message names the variable as the Rust service does. */
 export class SettingsError extends Error {}
@@ -60,6 +69,14 @@ export function fromLookup(get) {
     poolSize = Number(n);
   }
   const delay = millis(get, "PROCESSOR_DELAY_MS");
+  const b = get("BACKEND") ?? "auto";
+  if (!BACKENDS.includes(b)) throw new SettingsError(`BACKEND=${JSON.stringify(b)}: use ${BACKENDS.join(", ")}`);
+  const backend = /** @type {Settings["backend"]} */ (b);
+  const redisTls = { ca: get("REDIS_CA_CERT") ?? null, cert: get("REDIS_CLIENT_CERT") ?? null, key: get("REDIS_CLIENT_KEY") ?? null };
+  if ((redisTls.cert === null) !== (redisTls.key === null)) throw new SettingsError("REDIS_CLIENT_CERT and REDIS_CLIENT_KEY go together");
+  if ((redisTls.ca !== null || redisTls.cert !== null) && !redisUrl.startsWith("rediss://")) {
+    throw new SettingsError(`${redisTls.ca !== null ? "REDIS_CA_CERT" : "REDIS_CLIENT_CERT"} needs a rediss:// REDIS_URL`);
+  }
   return {
     redisUrl,
     databaseUrl,
@@ -70,6 +87,8 @@ export function fromLookup(get) {
     poolSize,
     processorDelayMs: delay ?? 0,
     fence,
+    backend,
+    redisTls,
   };
 }
 

@@ -3,6 +3,7 @@
 // of examples/payments-api (same HTTP API, tables, processor simulation and
 // environment; see config.js). Exits non-zero with the reason on stderr when
 // a setting is bad or Redis or Postgres cannot be reached at start.
+import { readFileSync } from "node:fs";
 import { IdemClient, ReadThrough } from "idem-client";
 import { fromEnv, SettingsError } from "./config.js";
 import * as db from "./db.js";
@@ -19,9 +20,22 @@ async function main() {
   } catch (err) {
     throw new Error(`migrate: ${String(err)}`, { cause: err });
   }
+  /** @type {Record<string, Buffer>} */
+  const tls = {};
+  /** @type {[string, string, string | null][]} */
+  const files = [["ca", "REDIS_CA_CERT", settings.redisTls.ca], ["cert", "REDIS_CLIENT_CERT", settings.redisTls.cert], ["key", "REDIS_CLIENT_KEY", settings.redisTls.key]];
+  for (const [name, variable, path] of files) {
+    if (path === null) continue;
+    try {
+      tls[name] = readFileSync(path);
+    } catch (err) {
+      throw new SettingsError(`${variable}=${JSON.stringify(path)}: ${err instanceof Error ? err.message : String(err)}`);
+    }
+  }
   let client;
   try {
-    client = await IdemClient.connect(settings.redisUrl);
+    const redis = Object.keys(tls).length > 0 ? { socket: { tls: /** @type {const} */ (true), ...tls } } : undefined;
+    client = await IdemClient.connect(settings.redisUrl, { backend: settings.backend, ...(redis !== undefined ? { redis } : {}) });
   } catch (err) {
     throw new Error(`connect to Redis: ${String(err)}`, { cause: err });
   }
@@ -37,7 +51,7 @@ async function main() {
     logger: { warn: log, error: log },
   });
   await app.listen({ host: "127.0.0.1", port: settings.port });
-  log(`payments API listening on http://127.0.0.1:${settings.port} (read_through=${settings.readThrough}, fence=${settings.fence}, claim_up_front=${settings.fence && settings.readThrough})`);
+  log(`payments API listening on http://127.0.0.1:${settings.port} (backend=${client.backend}, read_through=${settings.readThrough}, fence=${settings.fence}, claim_up_front=${settings.fence && settings.readThrough})`);
   let stopping = false;
   const stop = async () => {
     if (stopping) return;

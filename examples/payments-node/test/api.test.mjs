@@ -8,7 +8,7 @@ import { test, before } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import { startRedis, emptyDatabase, freePort, cleanup, sleep } from "../../../clients/node/test/helpers.mjs";
+import { startRedis, startManagedRedis, startTlsRedis, startTlsPostgres, certificates, emptyDatabase, freePort, cleanup, sleep } from "../../../clients/node/test/helpers.mjs";
 import { request } from "../../../clients/node/test/apps.mjs";
 
 const SERVE = fileURLToPath(new URL("../serve", import.meta.url));
@@ -114,6 +114,87 @@ test("the HTTP API: the four outcomes, GET, validation, 405, tenants", async () 
   // No key: no idempotency, each request pays.
   assert.equal((await pay(app, null, body)).status, 201);
   await app.stop();
+});
+
+test("on a managed Redis (no module) the library runs: its start-up log says which backend, payments are kept single", async () => {
+  const managed = await startManagedRedis();
+  for (const backend of ["auto", "functions", "scripts"]) {
+    const app = await startApp({ REDIS_URL: managed.url, BACKEND: backend, PROCESSOR_DELAY_MS: "200" });
+    const expected = backend === "auto" ? "functions" : backend;
+    assert.match(app.stderr(), new RegExp(`listening on .*\\(backend=${expected}, `), app.stderr());
+    const body = { amount: 700, currency: "EUR", recipient: backend };
+    const [first, during] = await Promise.all([pay(app, `m-${backend}`, body), sleep(60).then(() => pay(app, `m-${backend}`, body))]);
+    assert.equal(first.status, 201, first.text);
+    assert.equal(during.status, 409);
+    const replay = await pay(app, `m-${backend}`, body);
+    assert.equal(replay.text, first.text);
+    assert.equal(replay.headers["idempotent-replayed"], "true");
+    assert.equal((await pay(app, `m-${backend}`, { ...body, amount: 701 })).status, 422);
+    const [{ n }] = await app.count("SELECT count(*)::int AS n FROM payments WHERE recipient = $1", [backend]);
+    assert.equal(n, 1);
+    await app.stop();
+  }
+  // With the module asked for, it says so once at start and exits.
+  const db = await emptyDatabase();
+  const proc = spawn(SERVE, [], {
+    env: { ...process.env, REDIS_URL: managed.url, DATABASE_URL: db.url, PORT: String(await freePort()), BACKEND: "module" },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let stderr = "";
+  proc.stderr.on("data", (c) => (stderr += c));
+  const code = await new Promise((resolve) => proc.once("exit", resolve));
+  assert.equal(code, 1);
+  assert.match(stderr, /connect to Redis: NoBackendError: backend "module" was chosen and this Redis cannot run it .*--loadmodule/);
+  assert.equal(stderr.match(/NoBackendError/g).length, 1, stderr);
+});
+
+test("a Redis without idem (no module, no loadable library) is reported once at start with what to do", async () => {
+  const none = await startManagedRedis("--rename-command", "FUNCTION", "", "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-eval", "-evalsha", "-script");
+  const db = await emptyDatabase();
+  const proc = spawn(SERVE, [], {
+    env: { ...process.env, REDIS_URL: none.url, DATABASE_URL: db.url, PORT: String(await freePort()) },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let stderr = "";
+  proc.stderr.on("data", (c) => (stderr += c));
+  const code = await new Promise((resolve) => proc.once("exit", resolve));
+  assert.equal(code, 1);
+  assert.match(stderr, /this Redis has no idem \(module: .*; functions: .*; scripts: .*\)\. Load the module/);
+  assert.equal(stderr.match(/this Redis has no idem/g).length, 1, stderr);
+});
+
+test("TLS with client certificates: Redis (REDIS_CA_CERT, REDIS_CLIENT_CERT, REDIS_CLIENT_KEY) and Postgres (DATABASE_URL's sslrootcert, sslcert, sslkey); without one it stops at start with TLS' reason", async () => {
+  const certs = certificates();
+  const tlsRedis = await startTlsRedis(certs);
+  const tlsPg = await startTlsPostgres(certs);
+  const url = tlsRedis.url.replace("127.0.0.1", "localhost");
+  const pgTls = { sslmode: "verify-full", sslrootcert: certs.ca };
+  const databaseUrl = tlsPg.url({ ...pgTls, sslcert: certs.postgres.crt, sslkey: certs.postgres.key });
+  const redisTls = { REDIS_URL: url, REDIS_CA_CERT: certs.ca, REDIS_CLIENT_CERT: certs.client.crt, REDIS_CLIENT_KEY: certs.client.key };
+  const app = await startApp({ ...redisTls, DATABASE_URL: databaseUrl });
+  const body = { amount: 300, currency: "EUR", recipient: "tls" };
+  const first = await pay(app, "tls-1", body);
+  assert.equal(first.status, 201, first.text + app.stderr());
+  assert.equal((await pay(app, "tls-1", body)).headers["idempotent-replayed"], "true");
+  await app.stop();
+  const db = await emptyDatabase();
+  const proc = spawn(SERVE, [], {
+    env: { ...process.env, REDIS_URL: url, DATABASE_URL: db.url, PORT: String(await freePort()), REDIS_CA_CERT: certs.ca },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let stderr = "";
+  proc.stderr.on("data", (c) => (stderr += c));
+  assert.equal(await new Promise((resolve) => proc.once("exit", resolve)), 1);
+  // TLS 1.3's "certificate required" comes after the handshake: the client reads it, or only the reset after it.
+  assert.match(stderr, /connect to Redis: (OtherRedisError: TLS to rediss:\/\/localhost:\d+\/ failed: .*certificate required|UnavailableError: .*does it want a client certificate\?)/);
+  const noPgCert = spawn(SERVE, [], {
+    env: { ...process.env, ...redisTls, DATABASE_URL: tlsPg.url(pgTls), PORT: String(await freePort()) },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  let pgErr = "";
+  noPgCert.stderr.on("data", (c) => (pgErr += c));
+  assert.equal(await new Promise((resolve) => noPgCert.once("exit", resolve)), 1);
+  assert.match(pgErr, /migrate: .*client certificate/);
 });
 
 test("bad settings are refused before the service starts", async () => {

@@ -22,6 +22,8 @@ test("defaults", () => {
     poolSize: 16,
     processorDelayMs: 0,
     fence: true,
+    backend: "auto",
+    redisTls: { ca: null, cert: null, key: null },
   });
 });
 
@@ -40,6 +42,11 @@ test("overrides", () => {
   assert.equal(s.redisUrl, "redis://h:1/");
   assert.equal(settings({ DATABASE_URL: "x", WAIT_MS: "0" }).waitMs, null, "a wait of 0 is no wait");
   for (const on of ["1", "true", "on"]) assert.equal(settings({ DATABASE_URL: "x", FENCE: on }).fence, true);
+  for (const b of ["auto", "module", "functions", "scripts"]) assert.equal(settings({ DATABASE_URL: "x", BACKEND: b }).backend, b);
+  assert.deepEqual(
+    settings({ DATABASE_URL: "x", REDIS_URL: "rediss://h/", REDIS_CA_CERT: "ca.pem", REDIS_CLIENT_CERT: "c.pem", REDIS_CLIENT_KEY: "k.pem" }).redisTls,
+    { ca: "ca.pem", cert: "c.pem", key: "k.pem" },
+  );
 });
 
 test("bad values are refused, naming the variable as the Rust service does", () => {
@@ -53,6 +60,9 @@ test("bad values are refused, naming the variable as the Rust service does", () 
     [{ LEASE_MS: "-1" }, 'LEASE_MS="-1" is not a number of milliseconds'],
     [{ PROCESSOR_DELAY_MS: "1.5" }, 'PROCESSOR_DELAY_MS="1.5" is not a number of milliseconds'],
     [{ PG_POOL_SIZE: "many" }, 'PG_POOL_SIZE="many"'],
+    [{ BACKEND: "lua" }, 'BACKEND="lua": use auto, module, functions, scripts'],
+    [{ REDIS_URL: "rediss://h/", REDIS_CLIENT_CERT: "c.pem" }, "REDIS_CLIENT_CERT and REDIS_CLIENT_KEY go together"],
+    [{ REDIS_CA_CERT: "ca.pem" }, "REDIS_CA_CERT needs a rediss:// REDIS_URL"],
   ];
   for (const [vars, message] of cases) {
     const env = Object.keys(vars).length === 0 ? {} : { DATABASE_URL: "x", ...vars };
