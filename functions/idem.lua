@@ -465,6 +465,16 @@ local function load(key)
   return r, token
 end
 
+-- The outbox must be a sorted set (or nothing yet): checked before any
+-- write, so a call never fails half done.
+local function check_outbox(outbox)
+  local t = redis.call('TYPE', outbox)
+  t = type(t) == 'table' and t.ok or t
+  if t ~= 'zset' and t ~= 'none' then
+    fail(WRONGTYPE)
+  end
+end
+
 local function body(r)
   return string.sub(r.response, 1, r.body_len)
 end
@@ -688,6 +698,9 @@ local function complete(keys, args)
   end
 
   holder(key, token)
+  if not mirrored then
+    check_outbox(outbox)
+  end
   local now = now_ms()
   redis.call('HSET', key, 'state', 'completed', 'response', pack_response(status, content, headers),
     'completed_at', dec(now), 'mirror', mirrored and 'mirrored' or 'pending')
@@ -773,6 +786,7 @@ local function mirror_claim(keys, args)
   end
   local claim_ms = ranged(args[1], 'claim-ms', '1', dec(MAX_MS))
   local outbox = keys[1]
+  check_outbox(outbox)
   local now = now_ms()
   local out = {}
   for i = 2, #keys do
@@ -809,6 +823,7 @@ local function mirror_ack(keys, args)
     return 0
   end
   if r.mirror == 'pending' then
+    check_outbox(outbox)
     redis.call('HSET', key, 'mirror', 'mirrored')
     redis.call('ZREM', outbox, key)
   end

@@ -1150,6 +1150,46 @@ fn other_values_answer_wrongtype_and_forged_records_corrupt() {
         Some("WRONGTYPE Operation against a key holding the wrong kind of value")
     );
 
+    // An outbox of another type: refused before anything changes.
+    let t = token_of(&fcall(&mut c, "idem_begin", &[b"held"], &[b"fp", b"60"]));
+    let before = c.ok(&[b"HGETALL", b"held"]);
+    let bad_outbox: &[u8] = b"string";
+    for r in [
+        fcall(
+            &mut c,
+            "idem_complete",
+            &[b"held", bad_outbox],
+            &[&t, b"200", b"x"],
+        ),
+        fcall(
+            &mut c,
+            "idem_mirror_claim",
+            &[bad_outbox, b"held"],
+            &[b"100"],
+        ),
+    ] {
+        assert!(
+            r.error().is_some_and(|e| e.starts_with("WRONGTYPE ")),
+            "{r:?}"
+        );
+    }
+    assert_eq!(c.ok(&[b"HGETALL", b"held"]), before, "nothing changed");
+    let ob = outboxes.of(b"held");
+    let r = fcall(
+        &mut c,
+        "idem_complete",
+        &[b"held", &ob],
+        &[&t, b"200", b"x"],
+    );
+    assert_eq!(r, ok_status());
+    let r = fcall(&mut c, "idem_mirror_ack", &[b"held", bad_outbox], &[&t]);
+    assert!(
+        r.error().is_some_and(|e| e.starts_with("WRONGTYPE ")),
+        "{r:?}"
+    );
+    let get = fcall(&mut c, "idem_get", &[b"held"], &[]);
+    assert_eq!(get_field(&get, "mirror").bulk(), Some(&b"pending"[..]));
+
     // Real records, then each forged one field at a time.
     let in_progress = token_of(&fcall(&mut c, "idem_begin", &[b"ip"], &[&[7; 32], b"60"]));
     let _ = in_progress;
