@@ -80,8 +80,10 @@ Differences from the module (everything else answers the same bytes):
   over a tenth of maxmemory within that time goes unseen for as long; a
   refused INFO counts as enough memory. The scripts form (no flags) checks
   with INFO on every new record and every COMPLETE.
-- A fingerprint that is not 32 bytes is hashed in Lua (slower than the
-  module's native SHA-256, for long fingerprints notably).
+- SHA-256 runs in Lua, at some 0.1 ms of the server per 64 bytes: every
+  BEGIN with a fingerprint that is not 32 bytes pays it (the module hashes
+  natively), and so do IDEM.GET and each claimed entry, which show the
+  digest of a fingerprint kept as sent. Clients should send 32 bytes.
 ]]
 
 local VERSION = 1
@@ -140,12 +142,17 @@ local function strip(d)
   return d
 end
 
--- Compares two stripped decimal strings.
+-- Compares two stripped decimal strings of up to 20 digits (by value: Lua
+-- compares strings with strcoll, which follows the server's locale).
 local function less(a, b)
   if #a ~= #b then
     return #a < #b
   end
-  return a < b
+  local ha, hb = tonumber(string.sub(a, 1, 10)), tonumber(string.sub(b, 1, 10))
+  if ha ~= hb then
+    return ha < hb
+  end
+  return (tonumber(string.sub(a, 11)) or 0) < (tonumber(string.sub(b, 11)) or 0)
 end
 
 -- A strict unsigned decimal (`args::uint`): the stripped digits.
