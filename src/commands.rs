@@ -10,6 +10,7 @@ use crate::ffi::acl::{self, KeyAccess};
 use crate::ffi::call::{create_command, entry_point, Call, EntryPoint};
 use crate::ffi::ctx::{now_ms, out_of_memory, Ctx};
 use crate::ffi::key::Key;
+use crate::ffi::prefetch;
 use crate::{config, effects, mirror, stats, waiters, TOKENS};
 
 entry_point!(begin_cmd, begin);
@@ -216,21 +217,4 @@ fn get(call: &Call) -> Result<(), Error> {
     let mut key = Key::open_read(call.ctx, call.key());
     wire::write_record(&mut call.ctx.reply(), key.record()?.as_deref());
     Ok(())
-}
-
-/// Asks the CPU to load up to 1 KiB from `start` into cache while other work
-/// goes on (resolving the arguments, writing the reply's first elements).
-fn prefetch(start: *const u8, len: usize) {
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (start, len);
-    #[cfg(target_arch = "x86_64")]
-    for offset in (0..len.min(1024)).step_by(64) {
-        // SAFETY: a prefetch is a hint that never faults, whatever the
-        // address; SSE is part of every x86_64 target.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                start.wrapping_add(offset).cast(),
-            )
-        };
-    }
 }

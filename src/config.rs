@@ -4,11 +4,16 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use idem_core::args::Limits;
 
-/// Defaults of the configs (the first three are idem-core's `Limits::DEFAULT`).
+/// Defaults of the configs (the limits are idem-core's `Limits::DEFAULT`).
 pub const LEASE_MS_DEFAULT: i64 = Limits::DEFAULT.default_lease_ms as i64;
 pub const MAX_TTL_DEFAULT: i64 = Limits::DEFAULT.max_ttl_secs as i64;
 pub const MAX_BODY_BYTES_DEFAULT: i64 = Limits::DEFAULT.max_body_bytes as i64;
 pub const MIRROR_CLAIM_MS_DEFAULT: i64 = 30_000;
+/// The longest claim `IDEM.MIRROR.PULL` grants: five minutes.
+pub const MIRROR_MAX_CLAIM_MS_DEFAULT: i64 = 300_000;
+pub const MAX_HEADERS_DEFAULT: i64 = Limits::DEFAULT.max_headers as i64;
+/// Upper bound of `max-headers`.
+pub const MAX_HEADERS_LIMIT: i64 = 65_535;
 /// Record format of replication effects: 1 (every module version reads it)
 /// until every node runs a module that reads format 2 (`codec`).
 pub const EFFECT_FORMAT_DEFAULT: i64 = 1;
@@ -20,6 +25,8 @@ pub static LEASE_MS: AtomicI64 = AtomicI64::new(LEASE_MS_DEFAULT);
 pub static MAX_TTL: AtomicI64 = AtomicI64::new(MAX_TTL_DEFAULT);
 pub static MAX_BODY_BYTES: AtomicI64 = AtomicI64::new(MAX_BODY_BYTES_DEFAULT);
 pub static MIRROR_CLAIM_MS: AtomicI64 = AtomicI64::new(MIRROR_CLAIM_MS_DEFAULT);
+pub static MIRROR_MAX_CLAIM_MS: AtomicI64 = AtomicI64::new(MIRROR_MAX_CLAIM_MS_DEFAULT);
+pub static MAX_HEADERS: AtomicI64 = AtomicI64::new(MAX_HEADERS_DEFAULT);
 pub static EFFECT_FORMAT: AtomicI64 = AtomicI64::new(EFFECT_FORMAT_DEFAULT);
 
 /// Upper bound of the millisecond configs: one year.
@@ -33,6 +40,8 @@ pub const RANGES: &[(&str, i64, i64)] = &[
     ("max-ttl", 1, MAX_TTL_LIMIT),
     ("max-body-bytes", 0, MAX_BODY_LIMIT),
     ("mirror-claim-ms", 1, MAX_MS),
+    ("mirror-max-claim-ms", 1, MAX_MS),
+    ("max-headers", 0, MAX_HEADERS_LIMIT),
     ("effect-format", 1, EFFECT_FORMAT_SENT),
 ];
 
@@ -70,11 +79,16 @@ pub fn limits() -> Limits {
         max_ttl_secs: get(&MAX_TTL),
         max_body_bytes: get(&MAX_BODY_BYTES),
         default_lease_ms: get(&LEASE_MS),
+        max_headers: get(&MAX_HEADERS),
     }
 }
 
 pub fn mirror_claim_ms() -> u64 {
     get(&MIRROR_CLAIM_MS)
+}
+
+pub fn mirror_max_claim_ms() -> u64 {
+    get(&MIRROR_MAX_CLAIM_MS)
 }
 
 /// Whether effects carry a 32-byte fingerprint as sent (`effect-format 2`).

@@ -51,7 +51,7 @@ pub fn start(ctx: Ctx) -> Result<(), String> {
     ] {
         subscribe_server(ctx, event, on_change)?;
     }
-    Timer::start(ctx, CHECK_EVERY_MS, on_timer, std::ptr::null_mut());
+    Timer::start(ctx, CHECK_EVERY_MS, (), on_timer);
     Ok(())
 }
 
@@ -69,12 +69,11 @@ extern "C" fn on_change(
     }
 }
 
-extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
-    let ctx = Ctx::from_raw(ctx);
+fn on_timer(ctx: Ctx, (): ()) {
     guard("consumers check", (), || {
         CONSUMED.store(has_consumers(ctx), Ordering::Relaxed);
     });
-    Timer::start(ctx, CHECK_EVERY_MS, on_timer, std::ptr::null_mut());
+    Timer::start(ctx, CHECK_EVERY_MS, (), on_timer);
 }
 
 /// The INFO fields that must all read as below for nothing to consume

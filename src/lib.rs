@@ -27,7 +27,10 @@ use std::sync::{Mutex, MutexGuard};
 
 use idem_core::token::TokenClock;
 
-use config::{EFFECT_FORMAT, LEASE_MS, MAX_BODY_BYTES, MAX_TTL, MIRROR_CLAIM_MS};
+use config::{
+    EFFECT_FORMAT, LEASE_MS, MAX_BODY_BYTES, MAX_HEADERS, MAX_TTL, MIRROR_CLAIM_MS,
+    MIRROR_MAX_CLAIM_MS,
+};
 use datatype::IDEM_TYPE;
 use ffi::ctx::{log_warning, Ctx};
 
@@ -93,6 +96,8 @@ redis_module! {
             ["max-ttl", &MAX_TTL, config::MAX_TTL_DEFAULT, 1, config::MAX_TTL_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["max-body-bytes", &MAX_BODY_BYTES, config::MAX_BODY_BYTES_DEFAULT, 0, config::MAX_BODY_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["mirror-claim-ms", &MIRROR_CLAIM_MS, config::MIRROR_CLAIM_MS_DEFAULT, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
+            ["mirror-max-claim-ms", &MIRROR_MAX_CLAIM_MS, config::MIRROR_MAX_CLAIM_MS_DEFAULT, 1, config::MAX_MS, ConfigurationFlags::DEFAULT, None],
+            ["max-headers", &MAX_HEADERS, config::MAX_HEADERS_DEFAULT, 0, config::MAX_HEADERS_LIMIT, ConfigurationFlags::DEFAULT, None],
             ["effect-format", &EFFECT_FORMAT, config::EFFECT_FORMAT_DEFAULT, 1, config::EFFECT_FORMAT_SENT, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],

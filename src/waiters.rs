@@ -15,28 +15,24 @@
 //! asserts that nothing is propagated during a pause).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::{c_int, c_void};
-use std::ptr;
 
-use idem_core::engine::{self, Begin};
-use idem_core::wire::ReplayLayout;
-use idem_core::{args, wire, Completed, Error, Fingerprint, State};
-use redis_module::raw;
-
-use crate::ffi::blocked::{private_data, BlockedClient, Timer};
+use crate::ffi::blocked::{BlockedClient, Blocking, Timer};
 use crate::ffi::call::{guard, Call};
 use crate::ffi::ctx::{now_ms, writes_paused, Ctx, Name};
 use crate::ffi::key::Key;
 use crate::{effects, stats, Shared, TOKENS};
+use idem_core::engine::{self, Begin};
+use idem_core::wire::ReplayLayout;
+use idem_core::{args, wire, Completed, Error, Fingerprint, State};
 
 /// How often a lease timer that found clients paused looks again.
 const PAUSED_RETRY_MS: u64 = 10;
 
 struct Waiter {
     id: u64,
-    bc: BlockedClient,
+    bc: BlockedClient<Waiting>,
     /// Answers `in_flight` when the client's `WAIT` runs out.
-    deadline: Timer,
+    deadline: Timer<u64>,
     fingerprint: Fingerprint,
     ttl_ms: u64,
     lease_ms: u64,
@@ -50,7 +46,7 @@ const FIELDS: ReplayLayout = ReplayLayout::Fields;
 struct KeyWaiters {
     queue: VecDeque<Waiter>,
     /// The pending lease timer and when it fires.
-    timer: Option<(Timer, u64)>,
+    timer: Option<(Timer<KeyId>, u64)>,
 }
 
 type KeyId = (i32, Vec<u8>);
@@ -93,12 +89,12 @@ pub fn wait(call: &Call, req: &args::Begin, lease_until: u64) -> bool {
     let Some(wait_ms) = req.wait_ms.filter(|_| call.ctx.may_wait()) else {
         return false;
     };
-    let bc = BlockedClient::block(call.ctx, on_reply, free_answer, on_disconnect);
+    let bc = BlockedClient::block(call.ctx);
     let key_id = (call.ctx.db(), req.key.to_vec());
     let mut all = WAITERS.lock();
     let id = all.next_id;
     all.next_id += 1;
-    let deadline = Timer::start(call.ctx, wait_ms, on_deadline, id as usize as *mut c_void);
+    let deadline = Timer::start(call.ctx, wait_ms, id, on_deadline);
     all.owner.insert(id, key_id.clone());
     let entry = all.keys.entry(key_id.clone()).or_default();
     entry.queue.push_back(Waiter {
@@ -123,24 +119,18 @@ fn arm_timer(ctx: Ctx, entry: &mut KeyWaiters, id: &KeyId, at: u64) {
         stop_timer(ctx, timer);
     }
     let delay = at.saturating_sub(now_ms());
-    let data = Box::into_raw(Box::new(id.clone())).cast::<c_void>();
-    entry.timer = Some((Timer::start(ctx, delay, on_timer, data), now_ms() + delay));
+    entry.timer = Some((
+        Timer::start(ctx, delay, id.clone(), on_timer),
+        now_ms() + delay,
+    ));
 }
 
-fn stop_timer(ctx: Ctx, timer: Timer) {
-    if let Some(data) = timer.stop(ctx).filter(|d| !d.is_null()) {
-        // SAFETY: lease timers carry a boxed KeyId, and a stopped timer
-        // hands its data back exactly once.
-        drop(unsafe { Box::from_raw(data.cast::<KeyId>()) });
-    }
+fn stop_timer(ctx: Ctx, timer: Timer<KeyId>) {
+    timer.stop(ctx);
 }
 
-extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
-    let ctx = Ctx::from_raw(ctx);
+fn on_timer(ctx: Ctx, id: KeyId) {
     guard("wait timer", (), || {
-        // SAFETY: lease timers carry a boxed KeyId; a fired timer's data is
-        // ours to free, once.
-        let id = *unsafe { Box::from_raw(data.cast::<KeyId>()) };
         {
             let mut all = WAITERS.lock();
             let Some(entry) = all.keys.get_mut(&id) else {
@@ -158,10 +148,8 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
 }
 
 /// A waiter's `WAIT` ran out: it gets `in_flight`, unless it was answered.
-extern "C" fn on_deadline(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
-    let ctx = Ctx::from_raw(ctx);
+fn on_deadline(ctx: Ctx, id: u64) {
     guard("wait deadline", (), || {
-        let id = data as usize as u64;
         let Some((waiter, (db, key))) =
             take(ctx, |all| all.owner.get(&id).cloned(), |w| w.id == id)
         else {
@@ -370,27 +358,22 @@ fn lease_end(state: &State) -> u64 {
     }
 }
 
-fn answer(bc: BlockedClient, answer: Answer) {
+fn answer(bc: BlockedClient<Waiting>, answer: Answer) {
     if matches!(answer, Answer::Replay(..)) {
         stats::WAITS_REPLAY.incr();
         stats::REPLAY.incr();
     }
-    bc.unblock(Box::into_raw(Box::new(answer)).cast::<c_void>());
+    bc.unblock(Some(answer));
 }
 
-extern "C" fn on_reply(
-    ctx: *mut raw::RedisModuleCtx,
-    _argv: *mut *mut raw::RedisModuleString,
-    _argc: c_int,
-) -> c_int {
-    guard("wait reply", (), || {
-        let ctx = Ctx::from_raw(ctx);
-        let data = private_data(ctx).cast::<Answer>();
-        // SAFETY: waiters are unblocked with a boxed Answer, freed by
-        // `free_answer` after this callback.
-        let Some(answer) = (unsafe { data.as_ref() }) else {
-            return;
-        };
+/// The blocked `IDEM.BEGIN ... WAIT` clients.
+struct Waiting;
+
+impl Blocking for Waiting {
+    type Answer = Answer;
+    const WHAT: &'static str = "wait reply";
+
+    fn reply(ctx: Ctx, _args: &[&[u8]], answer: &Answer) {
         let mut reply = ctx.reply();
         match answer {
             Answer::New(token) => wire::Begin::New { token: *token }.write(&mut reply, FIELDS),
@@ -402,25 +385,13 @@ extern "C" fn on_reply(
             .write(&mut reply, FIELDS),
             Answer::Error(e) => reply.error(e),
         }
-    });
-    raw::REDISMODULE_OK as c_int
-}
+    }
 
-extern "C" fn on_disconnect(ctx: *mut raw::RedisModuleCtx, bc: *mut raw::RedisModuleBlockedClient) {
-    let ctx = Ctx::from_raw(ctx);
-    guard("wait disconnect", (), || {
-        let bc = BlockedClient::from_raw(bc);
+    fn disconnected(ctx: Ctx, bc: BlockedClient<Waiting>) {
         // Not in the registry: already answered, and so already unblocked.
         if let Some((waiter, _)) = take(ctx, |_| None, |w| w.bc == bc) {
             waiter.deadline.stop(ctx);
-            bc.unblock(ptr::null_mut());
+            bc.unblock(None);
         }
-    })
-}
-
-extern "C" fn free_answer(_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
-    if !data.is_null() {
-        // SAFETY: the Box<Answer> a waiter was unblocked with, freed once.
-        drop(unsafe { Box::from_raw(data.cast::<Answer>()) });
     }
 }

@@ -49,6 +49,8 @@ fn defaults() {
             ("idem.max-ttl", "2592000"),
             ("idem.max-body-bytes", "1048576"),
             ("idem.mirror-claim-ms", "30000"),
+            ("idem.mirror-max-claim-ms", "300000"),
+            ("idem.max-headers", "256"),
             ("idem.effect-format", "1"),
         ])
     );
@@ -71,6 +73,8 @@ fn module_arguments_at_load_and_their_effect() {
             ("idem.max-ttl", "86400"),
             ("idem.max-body-bytes", "1000"),
             ("idem.mirror-claim-ms", "800"),
+            ("idem.mirror-max-claim-ms", "300000"),
+            ("idem.max-headers", "256"),
             ("idem.effect-format", "2"),
         ])
     );
@@ -106,6 +110,37 @@ fn module_arguments_at_load_and_their_effect() {
     assert_eq!(
         pulled_keys(&pull(&mut c, 10, None, None)),
         ["k"],
+        "claim lapsed"
+    );
+}
+
+/// `IDEM.MIRROR.PULL`'s claim is bounded by `mirror-max-claim-ms` (five
+/// minutes by default): a caller allowed to pull can no longer hide records
+/// from the writer for a year.
+#[test]
+fn pull_claims_are_bounded_by_a_config() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    assert_eq!(config_value(&mut c, "idem.mirror-max-claim-ms"), "300000");
+    completed(&mut c, "k", "fp", 60, b"x");
+    let (code, msg) = err(&mut c, &["IDEM.MIRROR.PULL", "10", "CLAIM", "300001"]);
+    assert_eq!(
+        (code.as_str(), msg.as_str()),
+        ("BADARG", "BADARG CLAIM must be between 1 and 300000")
+    );
+    assert_eq!(pulled_keys(&pull(&mut c, 10, Some(300_000), None)), ["k"]);
+
+    // The default claim is cut to the bound.
+    ok(
+        &mut c,
+        &["CONFIG", "SET", "idem.mirror-max-claim-ms", "300"],
+    );
+    completed(&mut c, "k2", "fp", 60, b"x");
+    assert_eq!(pulled_keys(&pull(&mut c, 10, None, None)), ["k2"]);
+    sleep_ms(400);
+    assert_eq!(
+        pulled_keys(&pull(&mut c, 10, None, None)),
+        ["k2"],
         "claim lapsed"
     );
 }

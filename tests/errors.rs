@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use idem_core::args::HEADER_OVERHEAD;
 use idem_testkit::RedisServer;
 use rand::{RngExt, SeedableRng};
 use redis::Value;
@@ -150,7 +151,7 @@ fn complete_badarg_and_toolarge() {
         .arg("k")
         .arg(&t)
         .arg(200)
-        .arg(&big[..(1 << 20) - 6])
+        .arg(&big[..(1 << 20) - 6 - HEADER_OVERHEAD])
         .arg("HEADER")
         .arg("abc")
         .arg("defg")
@@ -158,19 +159,67 @@ fn complete_badarg_and_toolarge() {
     assert_eq!(e.unwrap_err().code(), Some("TOOLARGE"));
     assert_eq!(snapshot(&mut c, "k"), before, "TOOLARGE changed something");
 
-    // Exactly the limit is accepted, and the holder can still complete.
+    // Exactly the limit is accepted (a header counts HEADER_OVERHEAD besides
+    // its bytes), and the holder can still complete.
     let v: Value = redis::cmd("IDEM.COMPLETE")
         .arg("k")
         .arg(&t)
         .arg(200)
-        .arg(&big[..(1 << 20) - 7])
+        .arg(&big[..(1 << 20) - 7 - HEADER_OVERHEAD])
         .arg("HEADER")
         .arg("abc")
         .arg("defg")
         .query(&mut c)
         .unwrap();
     assert_eq!(v, Value::Okay);
-    assert_eq!(get_rec(&mut c, "k").body.unwrap().len(), (1 << 20) - 7);
+    assert_eq!(
+        get_rec(&mut c, "k").body.unwrap().len(),
+        (1 << 20) - 7 - HEADER_OVERHEAD
+    );
+}
+
+/// A response of many tiny headers is bounded by `max-headers` (256 by
+/// default): before the bound, 1,048,576 one-byte headers fit in
+/// `max-body-bytes` and took 51 MB of Redis memory.
+#[test]
+fn headers_are_bounded_in_count() {
+    let s = RedisServer::start();
+    let mut c = s.conn();
+    let complete_with = |c: &mut redis::Connection, key: &str, t: u64, n: usize| {
+        let mut cmd = redis::cmd("IDEM.COMPLETE");
+        cmd.arg(key).arg(t).arg(200).arg("b");
+        for _ in 0..n {
+            cmd.arg("HEADER").arg("h").arg("v");
+        }
+        cmd.query::<Value>(c)
+    };
+    let t = begin(&mut c, "k", "fp", 60).token();
+    let before = snapshot(&mut c, "k");
+    let mut admin = s.conn();
+    let mut used_memory = || -> i64 { info(&mut admin, "memory")["used_memory"].parse().unwrap() };
+    let memory_before = used_memory();
+    let e = complete_with(&mut c, "k", t, 100_000).unwrap_err();
+    assert_eq!(e.code(), Some("TOOLARGE"));
+    assert_eq!(
+        e.detail(),
+        Some("more than 256 headers (max-headers)"),
+        "{e}"
+    );
+    assert_eq!(snapshot(&mut c, "k"), before, "TOOLARGE changed something");
+    assert!(used_memory() < memory_before + (1 << 20));
+    let e = complete_with(&mut c, "k", t, 257).unwrap_err();
+    assert_eq!(e.code(), Some("TOOLARGE"));
+    assert_eq!(complete_with(&mut c, "k", t, 256).unwrap(), Value::Okay);
+    assert_eq!(get_rec(&mut c, "k").headers.unwrap().len(), 2 * 256);
+
+    // The config moves the bound at once; 0 allows no header.
+    ok(&mut c, &["CONFIG", "SET", "idem.max-headers", "0"]);
+    let t = begin(&mut c, "k2", "fp", 60).token();
+    assert_eq!(
+        complete_with(&mut c, "k2", t, 1).unwrap_err().code(),
+        Some("TOOLARGE")
+    );
+    assert_eq!(complete_with(&mut c, "k2", t, 0).unwrap(), Value::Okay);
 }
 
 #[test]

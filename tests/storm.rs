@@ -503,7 +503,7 @@ fn clients_killed_while_blocked_in_wait_or_pull_block() {
         let held = format!("w:{round}");
         let token = common::begin_lease(&mut admin, &held, "fp", 600, 60_000).token();
         // Claim every pending record, so PULL ... BLOCK blocks.
-        common::pull(&mut admin, 10_000, Some(31_622_400_000), None);
+        common::pull(&mut admin, 10_000, Some(300_000), None);
         let mut blocked: Vec<(Conn, i64, Args)> = (0..24)
             .map(|i| {
                 let mut c = Conn::open(s.port);
@@ -517,17 +517,10 @@ fn clients_killed_while_blocked_in_wait_or_pull_block() {
                         .map(|a| a.as_bytes().to_vec())
                         .collect()
                 } else {
-                    [
-                        "IDEM.MIRROR.PULL",
-                        "5",
-                        "CLAIM",
-                        "31622400000",
-                        "BLOCK",
-                        &ms,
-                    ]
-                    .iter()
-                    .map(|a| a.as_bytes().to_vec())
-                    .collect()
+                    ["IDEM.MIRROR.PULL", "5", "CLAIM", "300000", "BLOCK", &ms]
+                        .iter()
+                        .map(|a| a.as_bytes().to_vec())
+                        .collect()
                 };
                 c.send(&cmd);
                 c.flush();

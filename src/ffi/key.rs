@@ -150,7 +150,7 @@ impl Key {
             api!(RedisModule_ModuleTypeSetValue)(
                 self.ptr,
                 TYPE.load(Ordering::Relaxed),
-                Box::into_raw(Box::new(record)).cast(),
+                super::datatype::into_raw(record),
             );
         }
         self.set_abs_expire(expires_at);

@@ -1,25 +1,21 @@
 //! `IDEM.MIRROR.PULL count [CLAIM ms] [BLOCK ms]` and `IDEM.MIRROR.ACK key
 //! token`, and the pullers blocked waiting for records.
 
-use std::ffi::{c_int, c_void};
-use std::ptr;
-
 use idem_core::wire::{self, ReplySink};
 use idem_core::{args, engine, Error, Record};
-use redis_module::raw;
 
 use super::{forget, with_index};
 use crate::ffi::acl::{self, Caller};
-use crate::ffi::blocked::{private_data, BlockedClient, Timer};
-use crate::ffi::call::{arg_bytes, guard, Call};
-use crate::ffi::ctx::{now_ms, Ctx};
+use crate::ffi::blocked::{BlockedClient, Blocking, Timer};
+use crate::ffi::call::{guard, Call};
+use crate::ffi::ctx::{now_ms, Ctx, OwnedString};
 use crate::ffi::key::Key;
 use crate::{config, stats, Shared};
 
 /// A client blocked in `IDEM.MIRROR.PULL ... BLOCK`.
 struct Puller {
     id: u64,
-    bc: BlockedClient,
+    bc: BlockedClient<Pulling>,
     db: i32,
     /// Its ACL user (None: trusted), asked again when a record arrives.
     user: Option<Vec<u8>>,
@@ -39,7 +35,11 @@ static PULLERS: Shared<Pullers> = Shared::new(Pullers {
 
 /// `IDEM.MIRROR.PULL count [CLAIM ms] [BLOCK ms]`
 pub fn pull(call: &Call) -> Result<(), Error> {
-    let req = args::pull(&call.args, config::mirror_claim_ms())?;
+    let req = args::pull_within(
+        &call.args,
+        config::mirror_claim_ms(),
+        config::mirror_max_claim_ms(),
+    )?;
     let db = call.ctx.db();
     let caller = Caller::of(call.ctx);
     let batch = claim(call.ctx, db, &req, &caller);
@@ -50,14 +50,22 @@ pub fn pull(call: &Call) -> Result<(), Error> {
             let timeout = next.map_or(ms, |at| ms.min(at.saturating_sub(now_ms()).max(1)));
             block_puller(call.ctx, db, timeout);
         }
-        _ => reply_batch(call.ctx, &batch),
+        _ => reply_batch(call.ctx, batch),
     }
     Ok(())
 }
 
+/// A claimed record's key, held open until the reply is written, so the
+/// reply borrows the record from Redis instead of copying it.
+struct Claimed {
+    key: Key,
+    _name: OwnedString,
+    name: Vec<u8>,
+}
+
 /// Claims up to `count` records the caller may read; drops index entries
 /// whose record is gone, replaced or already mirrored.
-fn claim<'a>(ctx: Ctx, db: i32, req: &args::Pull, caller: &Caller) -> Vec<(Vec<u8>, &'a Record)> {
+fn claim(ctx: Ctx, db: i32, req: &args::Pull, caller: &Caller) -> Vec<Claimed> {
     let now = now_ms();
     let mut out = Vec::new();
     loop {
@@ -74,15 +82,17 @@ fn claim<'a>(ctx: Ctx, db: i32, req: &args::Pull, caller: &Caller) -> Vec<(Vec<u
         for (name, token) in claimed {
             let key_name = ctx.string(&name);
             let mut key = Key::inspect(ctx, key_name.name());
-            let rec = key.record().ok().flatten().map(|r| {
-                // SAFETY: the value stays in the keyspace until this command
-                // (or reply callback) returns: nothing else runs on the main
-                // thread before the reply is written.
-                unsafe { &*(r as *const Record) }
-            });
-            match rec {
-                Some(r) if r.token == token && r.mirror_pending() => out.push((name, r)),
-                _ => forget(db, &name),
+            let pending =
+                matches!(key.record(), Ok(Some(r)) if r.token == token && r.mirror_pending());
+            if pending {
+                out.push(Claimed {
+                    key,
+                    _name: key_name,
+                    name,
+                });
+            } else {
+                drop(key);
+                forget(db, &name);
             }
         }
         if out.len() == req.count {
@@ -91,21 +101,27 @@ fn claim<'a>(ctx: Ctx, db: i32, req: &args::Pull, caller: &Caller) -> Vec<(Vec<u
     }
 }
 
-fn reply_batch(ctx: Ctx, batch: &[(Vec<u8>, &Record)]) {
-    wire::write_pull_batch(
-        &mut ctx.reply(),
-        batch.iter().map(|(key, r)| (&key[..], *r)),
-    );
+fn reply_batch(ctx: Ctx, mut batch: Vec<Claimed>) {
+    // Nothing runs between the claim and this reply: every claimed key
+    // still holds its pending record.
+    let records: Vec<(&[u8], &Record)> = batch
+        .iter_mut()
+        .filter_map(|Claimed { key, name, .. }| {
+            let record: &Record = key.record().ok().flatten()?;
+            Some((&name[..], record))
+        })
+        .collect();
+    wire::write_pull_batch(&mut ctx.reply(), records.iter().copied());
 }
 
 fn block_puller(ctx: Ctx, db: i32, timeout_ms: u64) {
     let user = acl::user_name(ctx);
-    let bc = BlockedClient::block(ctx, puller_reply, free_db, puller_disconnected);
+    let bc = BlockedClient::block(ctx);
     let mut pullers = PULLERS.lock();
     let id = pullers.next_id;
     pullers.next_id += 1;
     // Not stopped when the puller is woken earlier: it then finds nobody.
-    Timer::start(ctx, timeout_ms, puller_deadline, id as usize as *mut c_void);
+    Timer::start(ctx, timeout_ms, id, puller_deadline);
     pullers.list.push(Puller { id, bc, db, user });
 }
 
@@ -128,7 +144,7 @@ pub fn wake_pullers(db: i32, key: &[u8]) {
         woken
     };
     for p in woken {
-        p.bc.unblock(Box::into_raw(Box::new(p.db)).cast::<c_void>());
+        p.bc.unblock(Some(p.db));
     }
 }
 
@@ -140,58 +156,46 @@ fn take_puller(pick: impl Fn(&Puller) -> bool) -> Option<Puller> {
     Some(pullers.list.swap_remove(pos))
 }
 
-extern "C" fn puller_reply(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> c_int {
-    guard("pull reply", (), || {
-        let ctx = Ctx::from_raw(ctx);
-        let data = private_data(ctx).cast::<i32>();
-        // SAFETY: pullers are unblocked with a boxed database number, freed
-        // by `free_db` after this callback.
-        let db = unsafe { data.as_ref() }.copied().unwrap_or(0);
+/// The blocked `IDEM.MIRROR.PULL ... BLOCK` clients, answered with their
+/// database.
+struct Pulling;
+
+impl Blocking for Pulling {
+    type Answer = i32;
+    const WHAT: &'static str = "pull reply";
+
+    fn reply(ctx: Ctx, args: &[&[u8]], &db: &i32) {
         // Re-parse the blocked command's arguments and answer with a claim.
-        let batch = match args::pull(&arg_bytes(argv, argc), config::mirror_claim_ms()) {
+        let req = args::pull_within(
+            args,
+            config::mirror_claim_ms(),
+            config::mirror_max_claim_ms(),
+        );
+        let batch = match req {
             Ok(req) => {
                 ctx.select_db(db);
                 claim(ctx, db, &req, &Caller::of(ctx))
             }
             Err(_) => Vec::new(),
         };
-        reply_batch(ctx, &batch);
-    });
-    raw::REDISMODULE_OK as c_int
+        reply_batch(ctx, batch);
+    }
+
+    fn disconnected(_ctx: Ctx, bc: BlockedClient<Pulling>) {
+        if let Some(p) = take_puller(|p| p.bc == bc) {
+            p.bc.unblock(None);
+        }
+    }
 }
 
 /// The puller's `BLOCK` ran out: it answers with whatever it can claim now
 /// (usually nothing).
-extern "C" fn puller_deadline(_ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+fn puller_deadline(_ctx: Ctx, id: u64) {
     guard("pull deadline", (), || {
-        let id = data as usize as u64;
         if let Some(p) = take_puller(|p| p.id == id) {
-            p.bc.unblock(Box::into_raw(Box::new(p.db)).cast::<c_void>());
+            p.bc.unblock(Some(p.db));
         }
     })
-}
-
-extern "C" fn puller_disconnected(
-    _ctx: *mut raw::RedisModuleCtx,
-    bc: *mut raw::RedisModuleBlockedClient,
-) {
-    guard("pull disconnect", (), || {
-        let bc = BlockedClient::from_raw(bc);
-        if let Some(p) = take_puller(|p| p.bc == bc) {
-            p.bc.unblock(ptr::null_mut());
-        }
-    })
-}
-
-extern "C" fn free_db(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
-    if !privdata.is_null() {
-        // SAFETY: the Box<i32> a puller was unblocked with, freed once.
-        drop(unsafe { Box::from_raw(privdata.cast::<i32>()) });
-    }
 }
 
 /// `IDEM.MIRROR.ACK key token`

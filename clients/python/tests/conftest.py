@@ -1,6 +1,12 @@
 """Fixtures: a redis-server with the idem module on a free port (never 6379
-or 6390), and a throwaway Postgres database with the writer's migrations,
-dropped at the end whatever happens."""
+or 6390), a "managed" one (no module, ``MODULE`` renamed away: the client
+loads the Functions library), and a throwaway Postgres database with the
+writer's migrations, dropped at the end whatever happens.
+
+``client`` and ``aclient`` (and what uses them) run once per backend in
+``$IDEM_TEST_BACKENDS`` (module, functions, scripts by default): the module
+on the module's server, the library's functions and its scripts form on the
+managed one."""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import psycopg
 import pytest
@@ -30,6 +36,9 @@ from idem.fence import Fence, Proceed
 
 REPO = Path(__file__).resolve().parents[3]
 RESERVED = {6379, 6390}
+BACKENDS = tuple(
+    b for b in os.environ.get("IDEM_TEST_BACKENDS", "module,functions,scripts").split(",") if b
+)
 
 
 _MODULE_COPY: list[Path] = []
@@ -85,20 +94,31 @@ class RedisServer:
     port: int
     dir: Path
     proc: subprocess.Popen[bytes] | None = None
+    module: bool = True
+    """With the module; else as a managed service runs it: none, and
+    ``MODULE`` renamed away (plus ``renamed``)."""
+    renamed: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/"
 
     def start(self, *module_args: str) -> None:
+        config = self.dir / "redis.conf"
+        config.write_text(
+            "".join(f'rename-command {name} ""\n' for name in ("MODULE", *self.renamed))
+            if not self.module
+            else ""
+        )
+        load = ["--loadmodule", str(module_path()), *module_args] if self.module else []
         self.proc = subprocess.Popen(
             [
-                os.environ.get("IDEM_REDIS_SERVER", "redis-server"),
+                os.environ.get("IDEM_REDIS_SERVER", "redis-server"), str(config),
                 "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", str(self.dir),
                 "--logfile", str(self.dir / "redis.log"),
                 "--enable-debug-command", "yes",
-                "--loadmodule", str(module_path()), *module_args,
+                *load,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -130,10 +150,22 @@ class RedisServer:
         return redis.Redis(port=self.port, socket_timeout=5)
 
 
-def start_redis(*module_args: str) -> RedisServer:
-    server = RedisServer(free_port(), Path(tempfile.mkdtemp(prefix="idem-py-redis-")))
+def start_redis(
+    *module_args: str, module: bool = True, renamed: tuple[str, ...] = ()
+) -> RedisServer:
+    server = RedisServer(
+        free_port(),
+        Path(tempfile.mkdtemp(prefix="idem-py-redis-")),
+        module=module,
+        renamed=renamed,
+    )
     server.start(*module_args)
     return server
+
+
+def stop_redis(server: RedisServer) -> None:
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -144,6 +176,17 @@ def redis_server() -> Iterator[RedisServer]:
     finally:
         server.stop()
         shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def managed_server() -> Iterator[RedisServer]:
+    """A server as a managed service runs it: no module, ``MODULE`` renamed
+    away; the clients load the library into it."""
+    server = start_redis(module=False)
+    try:
+        yield server
+    finally:
+        stop_redis(server)
 
 
 @pytest.fixture
@@ -157,9 +200,22 @@ def fresh_redis() -> Iterator[RedisServer]:
         shutil.rmtree(server.dir, ignore_errors=True)
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend a test runs on (``$IDEM_TEST_BACKENDS``)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def client(redis_server: RedisServer) -> Iterator[idem.IdemClient]:
-    c = idem.IdemClient.from_url(redis_server.url)
+def target(backend: str, request: pytest.FixtureRequest) -> RedisServer:
+    """The server for ``backend``: the module's, or the managed one."""
+    name = "redis_server" if backend == "module" else "managed_server"
+    return cast(RedisServer, request.getfixturevalue(name))
+
+
+@pytest.fixture
+def client(target: RedisServer, backend: str) -> Iterator[idem.IdemClient]:
+    c = idem.IdemClient.from_url(target.url, backend=backend)
     try:
         yield c
     finally:
@@ -167,8 +223,8 @@ def client(redis_server: RedisServer) -> Iterator[idem.IdemClient]:
 
 
 @pytest.fixture
-async def aclient(redis_server: RedisServer) -> AsyncIterator[idem.asyncio.IdemClient]:
-    c = idem.asyncio.IdemClient.from_url(redis_server.url)
+async def aclient(target: RedisServer, backend: str) -> AsyncIterator[idem.asyncio.IdemClient]:
+    c = idem.asyncio.IdemClient.from_url(target.url, backend=backend)
     try:
         yield c
     finally:

@@ -1,6 +1,8 @@
-"""The sync and asyncio clients against redis-server with the module: the
-four outcomes, takeover and fencing, every error code the module answers,
-WAIT, TOUCH, GET, the PACKED fallback, and an unreachable server."""
+"""The sync and asyncio clients against redis-server with the module, and
+(the tests taking ``client``, ``aclient`` or ``target``) against a managed
+server with the library's functions and scripts: the four outcomes, takeover
+and fencing, the error codes, WAIT (polled on the library), TOUCH, GET, the
+PACKED fallback, and an unreachable server."""
 
 from __future__ import annotations
 
@@ -35,9 +37,9 @@ def test_the_four_outcomes(client: idem.IdemClient) -> None:
     assert client.begin(k, b"other", ttl=60) == Mismatch()
 
 
-def test_replays_in_both_layouts(redis_server: RedisServer) -> None:
+def test_replays_in_both_layouts(target: RedisServer, backend: str) -> None:
     for packed in (True, False):
-        c = idem.IdemClient(redis.Redis(port=redis_server.port), packed_replies=packed)
+        c = idem.IdemClient(redis.Redis(port=target.port), packed_replies=packed, backend=backend)
         k = key()
         new = c.begin(k, b"fp", ttl=60)
         assert isinstance(new, New)
@@ -47,8 +49,10 @@ def test_replays_in_both_layouts(redis_server: RedisServer) -> None:
         c.close()
 
 
-def test_a_client_with_decoded_responses_still_gets_bytes(redis_server: RedisServer) -> None:
-    c = idem.IdemClient(redis.Redis(port=redis_server.port, decode_responses=True))
+def test_a_client_with_decoded_responses_still_gets_bytes(
+    target: RedisServer, backend: str
+) -> None:
+    c = idem.IdemClient(redis.Redis(port=target.port, decode_responses=True), backend=backend)
     k = key()
     new = c.begin(k, b"fp", ttl=60)
     assert isinstance(new, New)
@@ -121,6 +125,31 @@ def test_every_error_the_module_answers(fresh_redis: RedisServer) -> None:
     c.close()
 
 
+def test_the_errors_every_backend_answers(client: idem.IdemClient, target: RedisServer) -> None:
+    k = key()
+    with pytest.raises(errors.BadArgError, match="ttl"):
+        client.begin(k, b"fp", ttl=10**9)
+    with pytest.raises(errors.NotFoundError):
+        client.touch(k, 1, 1)
+    with pytest.raises(errors.NotFoundError):
+        client.complete(k, 1, RESPONSE)
+    new = client.begin(k, b"fp", ttl=60)
+    assert isinstance(new, New)
+    with pytest.raises(errors.StaleError):
+        client.complete(k, new.token + 1, RESPONSE)
+    client.complete(k, new.token, RESPONSE)
+    with pytest.raises(errors.CompletedError):
+        client.touch(k, new.token, 1)
+    with pytest.raises(errors.CompletedError):
+        client.complete(k, new.token, RESPONSE)
+    plain = key()
+    target.raw().set(plain, "x")
+    with pytest.raises(errors.WrongTypeError):
+        client.begin(plain, b"fp", ttl=60)
+    with pytest.raises(errors.WrongTypeError):
+        client.get(plain)
+
+
 def test_an_unreachable_server_is_unavailable() -> None:
     c = idem.IdemClient.from_url(f"redis://127.0.0.1:{free_port()}/", call_timeout=0.5)
     started = time.monotonic()
@@ -153,9 +182,9 @@ def test_wait_takes_over_when_the_holder_aborts(client: idem.IdemClient) -> None
     assert isinstance(waited, New) and waited.token > holder.token
 
 
-def test_wait_longer_than_the_call_timeout(redis_server: RedisServer) -> None:
+def test_wait_longer_than_the_call_timeout(target: RedisServer, backend: str) -> None:
     # The wait is bounded by wait + call timeout, not by the socket timeout.
-    c = idem.IdemClient.from_url(redis_server.url, call_timeout=0.2)
+    c = idem.IdemClient.from_url(target.url, call_timeout=0.2, backend=backend)
     k = key()
     holder = c.begin(k, b"fp", ttl=60, lease=5)
     assert isinstance(holder, New)
@@ -227,8 +256,8 @@ async def test_async_outcomes_and_commands(aclient: idem.asyncio.IdemClient) -> 
     assert await aclient.get(k2) is None
 
 
-async def test_async_wait_does_not_hold_up_other_calls(redis_server: RedisServer) -> None:
-    c = idem.asyncio.IdemClient.from_url(redis_server.url, call_timeout=0.3)
+async def test_async_wait_does_not_hold_up_other_calls(target: RedisServer, backend: str) -> None:
+    c = idem.asyncio.IdemClient.from_url(target.url, call_timeout=0.3, backend=backend)
     k = key()
     holder = await c.begin(k, b"fp", ttl=60, lease=5)
     assert isinstance(holder, New)
@@ -244,8 +273,8 @@ async def test_async_wait_does_not_hold_up_other_calls(redis_server: RedisServer
     await c.aclose()
 
 
-async def test_async_errors_and_unreachable(redis_server: RedisServer) -> None:
-    c = idem.asyncio.IdemClient(aredis.Redis(port=redis_server.port))
+async def test_async_errors_and_unreachable(target: RedisServer, backend: str) -> None:
+    c = idem.asyncio.IdemClient(aredis.Redis(port=target.port), backend=backend)
     with pytest.raises(errors.BadArgError):
         await c.begin(key(), b"fp", ttl=0.0, lease=10**12)
     with pytest.raises(errors.NotFoundError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import idem.asyncio
 from idem.canonical_json import canonicalize
 from idem.middleware import IdempotencyContext, IdempotencyMiddleware
 
-from conftest import RedisServer, free_port
+from conftest import RedisServer, free_port, start_redis, stop_redis
 
 HTTP = json.loads((Path(__file__).resolve().parents[3] / "spec/http.json").read_text())
 PROBLEMS = HTTP["problems"]
@@ -314,11 +315,11 @@ async def test_a_failing_handler_releases_its_key(http: Any) -> None:
 
 
 async def test_a_key_lost_while_running_is_stored_under_a_new_token(
-    http: Any, redis_server: RedisServer
+    http: Any, target: RedisServer
 ) -> None:
     h = Handler()
     k = unique()
-    raw = redis.asyncio.Redis(port=redis_server.port)
+    raw = redis.asyncio.Redis(port=target.port)
 
     async def lose_key() -> None:
         await raw.delete(f"idem:{{:{k}}}")
@@ -335,7 +336,7 @@ async def test_a_key_lost_while_running_is_stored_under_a_new_token(
 
 
 async def test_read_through_after_redis_forgets(
-    http: Any, database_url: str, redis_server: RedisServer
+    http: Any, database_url: str, target: RedisServer, aclient: idem.asyncio.IdemClient
 ) -> None:
     h = Handler()
     async with AsyncConnectionPool(database_url, min_size=1, max_size=2, open=False) as pool:
@@ -345,19 +346,19 @@ async def test_read_through_after_redis_forgets(
         assert first.status_code == 201
         # The writer mirrored it; then Redis lost it.
         redis_key = f"idem:{{:{k}}}"
-        record = redis.Redis(port=redis_server.port).execute_command("IDEM.GET", redis_key)
-        fields = dict(zip(record[::2], record[1::2], strict=True))
-        flat = fields[b"headers"]
+        record = await aclient.get(redis_key)
+        assert record is not None and record.response is not None
+        flat = [part for n, v in record.response.headers for part in (n.encode(), v)]
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO idempotency_keys (key, fingerprint, status, token, created_at,"
                 " expires_at, response_status, response_body, response_headers, completed_at)"
                 " VALUES (%s, %s, 'completed', %s, now(), now() + interval '1 hour', %s, %s,"
                 " %s, now())",
-                (redis_key, fields[b"fingerprint"].decode(), fields[b"token"], fields[b"status"],
-                 fields[b"body"], flat),
+                (redis_key, record.fingerprint_hex, record.token, record.response.status,
+                 record.response.body, flat),
             )  # fmt: skip
-        redis.Redis(port=redis_server.port).delete(redis_key)
+        redis.Redis(port=target.port).delete(redis_key)
         again = await post(c, k)
         assert again.status_code == 201 and again.content == first.content
         assert again.headers["idempotent-replayed"] == "true"
@@ -580,3 +581,23 @@ async def test_pass_through_response_extensions_are_not_offered_to_the_app(
         assert again.content == b"paid 10" and again.headers["idempotent-replayed"] == "true"
     assert runs == 1
     assert seen and seen[0] == {"other": {}}, "only extensions that do not bypass the buffer"
+
+
+async def test_a_redis_without_idem_is_reported_once(
+    http: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = start_redis(module=False, renamed=("FUNCTION", "EVAL", "EVALSHA", "SCRIPT"))
+    c = idem.asyncio.IdemClient.from_url(server.url)
+    try:
+        h = Handler()
+        client = http(h, client=c, fail_open=True)
+        with caplog.at_level(logging.ERROR, logger="idem"):
+            for _ in range(3):
+                assert_problem(await post(client, unique()), "internal")
+        assert h.runs == 0, "a configuration error never fails open"
+        reported = [r for r in caplog.records if "no idem on this Redis" in r.getMessage()]
+        assert len(reported) == 1
+        assert not [r for r in caplog.records if "IDEM.BEGIN failed" in r.getMessage()]
+    finally:
+        await c.aclose()
+        stop_redis(server)

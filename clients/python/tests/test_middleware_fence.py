@@ -125,13 +125,13 @@ async def test_a_claim_not_committed_releases_redis_and_the_claim(
 
 
 async def test_the_fences_replay_refills_redis_after_it_forgot(
-    setup: Any, aclient: idem.asyncio.IdemClient, redis_server: RedisServer
+    setup: Any, aclient: idem.asyncio.IdemClient, target: RedisServer
 ) -> None:
     _, c, pool = setup
     k = unique()
     first = await c.post("/pay", content="x", headers={"idempotency-key": k})
     assert first.status_code == 201
-    redis.Redis(port=redis_server.port).delete(f"idem:{{:{k}}}")
+    redis.Redis(port=target.port).delete(f"idem:{{:{k}}}")
     again = await c.post("/pay", content="x", headers={"idempotency-key": k})
     assert again.status_code == 201 and again.content == first.content
     assert again.headers["idempotent-replayed"] == "true"
@@ -141,7 +141,7 @@ async def test_the_fences_replay_refills_redis_after_it_forgot(
 
 
 async def test_an_open_holder_is_409_and_another_request_422(
-    setup: Any, aclient: idem.asyncio.IdemClient, redis_server: RedisServer
+    setup: Any, aclient: idem.asyncio.IdemClient, target: RedisServer
 ) -> None:
     handler, c, pool = setup
     k = unique()
@@ -165,7 +165,7 @@ async def test_an_open_holder_is_409_and_another_request_422(
 
 
 async def test_a_holder_that_lost_its_key_answers_what_the_key_holds(
-    setup: Any, aclient: idem.asyncio.IdemClient, redis_server: RedisServer
+    setup: Any, aclient: idem.asyncio.IdemClient, target: RedisServer
 ) -> None:
     handler, c, pool = setup
     k = unique()
@@ -173,7 +173,7 @@ async def test_a_holder_that_lost_its_key_answers_what_the_key_holds(
 
     async def taken_over(fence: AsyncFence) -> None:
         # A retry took the key over (its lease lapsed) and committed first.
-        raw = redis.Redis(port=redis_server.port)
+        raw = redis.Redis(port=target.port)
         async with pool.connection() as conn:
             await conn.execute(
                 "UPDATE idempotency_keys SET lease_expires_at = now() - interval '1 second'"

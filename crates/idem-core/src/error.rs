@@ -16,8 +16,11 @@ pub enum Error {
     NotFound,
     /// The record is already completed; it can no longer change.
     Completed,
-    /// The body is larger than `max-body-bytes`.
+    /// Body plus headers (each with `args::HEADER_OVERHEAD`) are larger
+    /// than `max-body-bytes`.
     TooLarge { len: usize, max: u64 },
+    /// More `HEADER`s than `max-headers`.
+    TooManyHeaders { max: u64 },
     /// The key holds a value that is not an idem record.
     WrongType,
     /// A stored value could not be decoded.
@@ -42,7 +45,7 @@ impl Error {
             Error::Stale => ErrorCode::Stale,
             Error::NotFound => ErrorCode::NotFound,
             Error::Completed => ErrorCode::Completed,
-            Error::TooLarge { .. } => ErrorCode::TooLarge,
+            Error::TooLarge { .. } | Error::TooManyHeaders { .. } => ErrorCode::TooLarge,
             Error::WrongType => ErrorCode::WrongType,
             Error::Corrupt(_) => ErrorCode::Corrupt,
             Error::NoPerm(_) => ErrorCode::NoPerm,
@@ -62,6 +65,9 @@ impl fmt::Display for Error {
             Error::Completed => write!(f, "{code} the record is already completed"),
             Error::TooLarge { len, max } => {
                 write!(f, "{code} body is {len} bytes, max-body-bytes is {max}")
+            }
+            Error::TooManyHeaders { max } => {
+                write!(f, "{code} more than {max} headers (max-headers)")
             }
             Error::WrongType => write!(
                 f,

@@ -9,8 +9,9 @@ use proptest::prelude::*;
 
 const LIMITS: Limits = Limits {
     max_ttl_secs: 2_592_000,
-    max_body_bytes: 64,
+    max_body_bytes: 128,
     default_lease_ms: 30_000,
+    max_headers: 3,
 };
 /// The documented cap of LEASE, WAIT, CLAIM, BLOCK and lease-ms: one year.
 const YEAR_MS: u64 = 366 * 24 * 3600 * 1000;
@@ -205,11 +206,13 @@ proptest! {
         if mirrored_at.is_some_and(|i| i >= headers.len()) {
             a.push(word("MIRRORED"));
         }
-        let size = body.len() + headers.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>();
+        let size = body.len()
+            + headers.iter().map(|(n, v)| n.len() + v.len() + args::HEADER_OVERHEAD).sum::<usize>();
+        let too_many = headers.len() as u64 > LIMITS.max_headers;
         let valid_args = (1..=i64::MAX as u64).contains(&token) && (100..=599).contains(&status);
         match args::complete(&refs(&a), &LIMITS) {
             Ok(c) => {
-                prop_assert!(valid_args && size as u64 <= LIMITS.max_body_bytes);
+                prop_assert!(valid_args && !too_many && size as u64 <= LIMITS.max_body_bytes);
                 prop_assert_eq!((c.token, c.status, c.body), (token, status, &body[..]));
                 prop_assert_eq!(c.mirrored, mirrored_at.is_some());
                 let got: Vec<(Vec<u8>, Vec<u8>)> =
@@ -218,7 +221,7 @@ proptest! {
             }
             Err(e) if !valid_args => prop_assert_eq!(e.code(), BadArg),
             Err(e) => {
-                prop_assert!(size as u64 > LIMITS.max_body_bytes, "valid COMPLETE refused: {}", e);
+                prop_assert!(too_many || size as u64 > LIMITS.max_body_bytes, "valid COMPLETE refused: {}", e);
                 prop_assert_eq!(e.code(), TooLarge);
             }
         }

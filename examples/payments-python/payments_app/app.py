@@ -21,15 +21,27 @@ ACCOUNT_HEADER = "x-account-id"
 """Header that scopes idempotency keys per account."""
 
 
+async def settle(client: idem.asyncio.IdemClient) -> None:
+    """Settles the client's backend before the first request (loading the
+    library when it is the one): a Redis without idem stops the start-up;
+    an unreachable one is settled by the first request."""
+    try:
+        await client.prepare()
+    except idem.IdemError as err:
+        if not err.is_unavailable:
+            raise
+
+
 def create_app(settings: Settings) -> FastAPI:
     pool = db.pool(settings.database_url, settings.pool_size)
-    client = idem.asyncio.IdemClient.from_url(settings.redis_url)
+    client = idem.asyncio.IdemClient.from_url(settings.redis_url, backend=settings.backend)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.open(wait=True, timeout=db.POOL_TIMEOUT)
         try:
-            await db.migrate(pool, settings.database_url)
+            await db.migrate(pool)
+            await settle(client)
             yield
         finally:
             await pool.close()

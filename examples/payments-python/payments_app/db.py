@@ -1,14 +1,14 @@
 """The example's Postgres side, as ``examples/payments-api/src/db.rs``: the
 connection pool, its own migration (``payments``, and the processor's
 ``processor_charges``) and its queries. ``idempotency_keys`` is the writer's:
-when it is missing, ``idem-writer migrate`` creates it (as the Rust example
-calls ``idem_writer::migrate``)."""
+when it is missing, the app applies the writer's migrations itself, as
+``idem-writer migrate`` applies them to a fresh database (as the Rust example
+calls ``idem_writer::migrate``), over its own connection: no Rust binary,
+and the same ``DATABASE_URL`` (TLS settings included) as every query."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 from collections import deque
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -22,6 +22,18 @@ from payments_app import processor
 
 MIGRATION_LOCK_ID = 0x7061_796D_656E_7473
 """Transaction-scoped advisory lock serialising concurrent migrations (db.rs)."""
+
+WRITER_MIGRATIONS = Path(__file__).resolve().parents[3] / "crates/idem-writer/migrations"
+"""The writer's migrations, ``NNNN_name.sql`` (the ``_partitioned`` variant of
+the first is for the other layout)."""
+WRITER_LOCK_ID = 0x6964_656D_7772_6974
+"""The writer's migration lock ("idemwrit", ``postgres/migrate.rs``): the app
+and any writer starting at once migrate one after the other."""
+CREATE_WRITER_MIGRATIONS = """CREATE TABLE IF NOT EXISTS idem_writer_migrations (
+    version    INT         PRIMARY KEY,
+    name       TEXT        NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)"""
 
 CREATE_PAYMENTS = """CREATE TABLE IF NOT EXISTS payments (
     id         BIGSERIAL   PRIMARY KEY,
@@ -89,45 +101,52 @@ def pool(database_url: str, max_size: int) -> AsyncConnectionPool[psycopg.AsyncC
     )
 
 
-def writer_binary() -> str | None:
-    """``$IDEM_WRITER``, the workspace's release build (``$CARGO_TARGET_DIR``
-    or ``target``), or ``idem-writer`` on PATH."""
-    if env := os.environ.get("IDEM_WRITER"):
-        return env
-    repo = Path(__file__).resolve().parents[3]
-    built = Path(os.environ.get("CARGO_TARGET_DIR", repo / "target")) / "release/idem-writer"
-    return str(built) if built.exists() else shutil.which("idem-writer")
+def writer_migrations(directory: Path = WRITER_MIGRATIONS) -> list[tuple[int, str, str]]:
+    """The writer's migrations for the unpartitioned layout (what a fresh
+    database gets), in order: (version, name, SQL)."""
+    files = sorted(
+        path
+        for path in directory.glob("[0-9][0-9][0-9][0-9]_*.sql")
+        if not path.stem.endswith("_partitioned")
+    )
+    return [(int(path.name[:4]), path.stem[5:], path.read_text()) for path in files]
 
 
-async def migrate_writer(database_url: str) -> None:
-    """``idem-writer migrate``: the writer's migrations (``idempotency_keys``)."""
-    writer = writer_binary()
-    if writer is None:
+async def migrate_writer(pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
+    """The writer's migrations not yet applied, in one transaction under the
+    writer's lock, recorded in its ``idem_writer_migrations`` as
+    ``idem-writer migrate`` records them (a writer started later finds them
+    applied)."""
+    migrations = writer_migrations()
+    if not migrations:
         raise MissingSchema(
-            "idempotency_keys is missing and no idem-writer was found to create it: "
-            "run `idem-writer migrate --database-url ...` or set IDEM_WRITER"
+            f"idempotency_keys is missing and the writer's migrations are not in "
+            f"{WRITER_MIGRATIONS}: run `idem-writer migrate --database-url ...`"
         )
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    proc = await asyncio.create_subprocess_exec(
-        writer, "migrate", "--database-url", database_url,
-        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, stderr = await proc.communicate()
-    if proc.returncode != 0:
-        raise MissingSchema(f"idem-writer migrate failed: {stderr.decode(errors='replace')}")
+    async with pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK_ID,))
+        await conn.execute(CREATE_WRITER_MIGRATIONS)
+        cursor = await conn.execute("SELECT version FROM idem_writer_migrations")
+        applied = {int(row[0]) for row in await cursor.fetchall()}
+        for version, name, sql in migrations:
+            if version in applied:
+                continue
+            await conn.execute(sql)
+            await conn.execute(
+                "INSERT INTO idem_writer_migrations (version, name) VALUES (%s, %s)",
+                (version, name),
+            )
 
 
-async def migrate(
-    pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], database_url: str
-) -> None:
-    """Creates the writer's ``idempotency_keys`` (through ``idem-writer
-    migrate``), ``payments`` and ``processor_charges`` when missing; safe to
-    run concurrently."""
+async def migrate(pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
+    """Creates the writer's ``idempotency_keys`` (its migrations, see
+    ``migrate_writer``), ``payments`` and ``processor_charges`` when
+    missing; safe to run concurrently."""
     async with pool.connection() as conn:
         cursor = await conn.execute("SELECT to_regclass('idempotency_keys') IS NOT NULL")
         row = await cursor.fetchone()
     if row is None or not row[0]:
-        await migrate_writer(database_url)
+        await migrate_writer(pool)
     async with pool.connection() as conn, conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
         await conn.execute(CREATE_PAYMENTS)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 Lookup = Callable[[str], str | None]
+BACKENDS = ("auto", "module", "functions", "scripts")
 
 
 class SettingsError(ValueError):
@@ -30,6 +31,10 @@ class Settings:
     """Simulated payment-processor latency per new payment (seconds; 0 = none)."""
     fence: bool
     """Commit each new payment with its idempotency row (the fence)."""
+    backend: str = "auto"
+    """Where idem runs (``BACKEND``): ``auto`` (the module where it is
+    loaded, else the Functions library, else scripts), ``module``,
+    ``functions`` or ``scripts``."""
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> Settings:
@@ -48,6 +53,9 @@ class Settings:
         lease_ms = _millis(get, "LEASE_MS")
         pool_size = _number(get, "PG_POOL_SIZE", "is not a pool size", 16, 1, 2**64 - 1)
         delay_ms = _millis(get, "PROCESSOR_DELAY_MS")
+        backend = get("BACKEND") or "auto"
+        if backend not in BACKENDS:
+            raise SettingsError(f"BACKEND={_quoted(backend)}: use {', '.join(BACKENDS)}")
         return Settings(
             redis_url=redis_url,
             database_url=database_url,
@@ -58,6 +66,7 @@ class Settings:
             pool_size=pool_size,
             processor_delay=(delay_ms or 0) / 1000,
             fence=fence,
+            backend=backend,
         )
 
 

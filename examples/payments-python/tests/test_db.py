@@ -105,3 +105,42 @@ async def test_the_fenced_insert_reads_back_as_its_response(database_url: str) -
         assert await db.find_payment(pool, id_) == payment
     assert payment.created_at.endswith("Z")
     assert len(payment.created_at) == 27
+
+
+@pytest.fixture
+def empty_database_url() -> Iterator[str]:
+    """A database of its own with nothing in it, dropped at the end."""
+    name = f"payments_py_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{ADMIN_URL.rpartition('/')[0]}/{name}"
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.asyncio
+async def test_the_app_creates_the_writers_schema_without_the_writer(
+    empty_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No idem-writer anywhere: the app applies the writer's migrations over
+    # its own connection, recorded as the writer records them.
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("IDEM_WRITER", "/nonexistent/idem-writer")
+    async with _pool(empty_database_url) as pool:
+        await asyncio.gather(db.migrate(pool), db.migrate(pool))  # concurrently, once
+        await db.migrate(pool)
+        async with pool.connection() as conn:
+            cursor = await conn.execute(
+                "SELECT version, name FROM idem_writer_migrations ORDER BY version"
+            )
+            applied = await cursor.fetchall()
+            cursor = await conn.execute(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_name = 'idempotency_keys' ORDER BY column_name"
+            )
+            columns = {row[0] for row in await cursor.fetchall()}
+    assert applied == [(v, n) for v, n, _ in db.writer_migrations()]
+    assert applied[:3] == [(1, "idempotency_keys"), (2, "fenced"), (3, "lease")]  # migrate.rs
+    assert {"key", "fingerprint", "token", "lease_expires_at", "response_body"} <= columns

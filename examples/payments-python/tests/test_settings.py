@@ -23,6 +23,7 @@ def test_defaults() -> None:
     assert s.lease == 30.0
     assert s.pool_size == 16
     assert s.processor_delay == 0.0
+    assert s.backend == "auto"
 
 
 def test_overrides() -> None:
@@ -35,9 +36,11 @@ def test_overrides() -> None:
         LEASE_MS="1000",
         PG_POOL_SIZE="4",
         PROCESSOR_DELAY_MS="250",
+        BACKEND="functions",
     )
     assert (s.port, s.read_through, s.wait, s.fence) == (9000, False, 5.0, False)
     assert (s.lease, s.pool_size, s.processor_delay) == (1.0, 4, 0.25)
+    assert s.backend == "functions"
     assert settings(DATABASE_URL="x", WAIT_MS="0").wait is None, "0 turns waiting off"
 
 
@@ -54,6 +57,7 @@ def test_overrides() -> None:
         ({"LEASE_MS": " 5"}, 'LEASE_MS=" 5" is not a number of milliseconds'),
         ({"PROCESSOR_DELAY_MS": ""}, 'PROCESSOR_DELAY_MS="" is not a number of milliseconds'),
         ({"PG_POOL_SIZE": "many"}, 'PG_POOL_SIZE="many"'),
+        ({"BACKEND": "lua"}, 'BACKEND="lua": use auto, module, functions, scripts'),
     ],
 )
 def test_refusals(env: dict[str, str], message: str) -> None:

@@ -1,7 +1,8 @@
 """Python client for the idem Redis module.
 
 - ``idem.IdemClient`` (sync) and ``idem.asyncio.IdemClient``: ``begin``,
-  ``complete``, ``abort``, ``touch``, ``get`` over redis-py;
+  ``complete``, ``abort``, ``touch``, ``get`` over redis-py, on the module
+  or, where Redis is managed, the Functions library (``idem.Backend``);
 - typed outcomes ``New``, ``InFlight``, ``Replay``, ``Mismatch`` and one
   exception class per module error code (``idem.errors``);
 - ``Fingerprinter``: request fingerprints identical to the Rust client's;
@@ -10,9 +11,11 @@
 - ``idem.middleware.IdempotencyMiddleware``: the ASGI middleware.
 """
 
+from idem.backend import Backend
 from idem.canonical_json import canonicalize
 from idem.client import IdemClient
 from idem.errors import (
+    BackendMissingError,
     BadArgError,
     CompletedError,
     CorruptError,
@@ -51,6 +54,8 @@ from idem.types import (
 __all__ = [
     "AsyncFence",
     "AsyncReadThrough",
+    "Backend",
+    "BackendMissingError",
     "BadArgError",
     "BeginOptions",
     "CompletedError",

@@ -4,10 +4,12 @@ switch, and the connection settings ``from_url`` applies."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from idem import _spec, wire
-from idem.types import StoredResponse
+from idem.fingerprint import stored_hex
+from idem.types import Mismatch, Outcome, Record, Replay, StoredResponse
 from idem.wire import Duration
 
 NEVER_DECODE = {"NEVER_DECODE": True}
@@ -74,3 +76,42 @@ def _check_token(token: int) -> None:
 
 def seconds(d: Duration) -> float:
     return d.total_seconds() if not isinstance(d, float | int) else float(d)
+
+
+POLL_FIRST = 0.01
+"""The library's waits: the first pause between two BEGINs (seconds)..."""
+POLL_MAX = 0.2
+"""...doubling up to this."""
+
+
+def poll_pauses(deadline: float, clock: Callable[[], float]) -> Iterator[float]:
+    """The pauses of a wait that polls BEGIN (the library does not block):
+    growing from ``POLL_FIRST`` to ``POLL_MAX``, the last one ending at
+    ``deadline``. The caller shortens each to the answer's retry-after."""
+    pause = POLL_FIRST
+    while (left := deadline - clock()) > 0:
+        yield min(pause, left)
+        pause = min(pause * 2, POLL_MAX)
+
+
+class Watched:
+    """What a watch of a record (the library's waits) makes of each ``GET``:
+    the answer BEGIN would give once the record is completed (its response
+    for this request, else a mismatch), or "ask BEGIN" when the record is
+    gone or another holder took it over."""
+
+    def __init__(self, fingerprint: bytes) -> None:
+        self.expected = stored_hex(fingerprint)
+        self.holder: int | None = None
+
+    def judge(self, record: Record | None) -> tuple[bool, Outcome | None]:
+        """(whether the watch ends, the shared answer when it has one)."""
+        if record is None:
+            return True, None
+        if record.state == "completed" and record.response is not None:
+            if record.fingerprint_hex == self.expected:
+                return True, Replay(record.response)
+            return True, Mismatch()
+        if self.holder is None:
+            self.holder = record.token
+        return record.token != self.holder, None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, cast
 
 import redis.asyncio as aredis
@@ -12,15 +13,34 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from idem import _core, errors, wire
+from idem.backend import (
+    Backend,
+    Probe,
+    is_missing,
+    load_command,
+    module_missing,
+    reload_failed,
+    resolve,
+)
+from idem.backend import command as backend_command
 from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
 from idem.wire import Duration
 
 log = logging.getLogger("idem")
 
 
+class _Watch:
+    """One watch of a record, shared by the waiters of one key and request."""
+
+    def __init__(self, task: asyncio.Future[Outcome | None]) -> None:
+        self.task = task
+        self.waiters = 0
+
+
 class IdemClient:
     """Client for the idem module over a redis-py ``redis.asyncio.Redis``;
-    the same calls and answers as the sync ``idem.IdemClient``."""
+    the same calls and answers as the sync ``idem.IdemClient`` (``backend``
+    and ``prepare`` included)."""
 
     def __init__(
         self,
@@ -28,9 +48,14 @@ class IdemClient:
         *,
         packed_replies: bool = True,
         call_timeout: float | None = None,
+        backend: Backend | str = Backend.AUTO,
     ) -> None:
         self._redis = client
         self._packed = _core.PackedSwitch(packed_replies)
+        self._requested = Backend.of(backend)
+        self._backend = Backend.MODULE if self._requested is Backend.MODULE else None
+        self._resolving = asyncio.Lock()
+        self._watches: dict[tuple[str, bytes], _Watch] = {}
         configured = client.connection_pool.connection_kwargs.get("socket_timeout")
         self.call_timeout: float = (
             call_timeout
@@ -41,18 +66,42 @@ class IdemClient:
         )
 
     @classmethod
-    def from_url(cls, url: str, *, call_timeout: float | None = None, **kwargs: Any) -> IdemClient:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        call_timeout: float | None = None,
+        backend: Backend | str = Backend.AUTO,
+        **kwargs: Any,
+    ) -> IdemClient:
         """A client for the server at ``url`` (``redis://host:port/db``)."""
         timeout = _core.default_call_timeout() if call_timeout is None else call_timeout
         client = aredis.Redis.from_url(
             url, **_core.connection_kwargs(timeout, kwargs, Retry(NoBackoff(), 0))
         )
-        return cls(client, call_timeout=timeout)
+        return cls(client, call_timeout=timeout, backend=backend)
 
     @property
     def redis(self) -> aredis.Redis:
         """The redis-py client underneath."""
         return self._redis
+
+    @property
+    def backend(self) -> Backend | None:
+        """The backend the calls run on; ``None`` until ``prepare`` or the
+        first call settled it."""
+        return self._backend
+
+    async def prepare(self) -> Backend:
+        """Settles the backend now (see ``idem.IdemClient.prepare``)."""
+        if self._backend is not None:
+            return self._backend
+        async with self._resolving:
+            if self._backend is None:
+                found = await self._probe(resolve(self._requested))
+                log.info("idem backend: %s", found.value)
+                self._backend = found
+        return self._backend
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -79,12 +128,90 @@ class IdemClient:
         if not isinstance(first, InFlight) or wire.is_zero(wait):
             return first
         assert wait is not None
+        if await self.prepare() is not Backend.MODULE:
+            return await self._poll(key, fingerprint, ttl, lease, first, _core.seconds(wait))
         bound = _core.seconds(wait) + self.call_timeout
         try:
             return await self._begin(key, fingerprint, ttl, lease, wait, bound)
         except errors.IdemError as err:
             log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
             return first
+
+    async def _poll(
+        self,
+        key: str,
+        fingerprint: bytes,
+        ttl: Duration,
+        lease: Duration | None,
+        first: InFlight,
+        wait: float,
+    ) -> Outcome:
+        """The library's WAIT: the waiters of one key and request share one
+        watch of the record (``_watch``), so a thousand duplicates cost one
+        GET per interval, not a thousand BEGINs, and all get the stored
+        answer from the GET that sees it. When the record changes otherwise
+        (released, expired, taken over, the lease ran out) each sends its
+        own BEGIN, which may make it the new holder."""
+        deadline = time.monotonic() + wait
+        last = first
+        while (left := deadline - time.monotonic()) > 0:
+            watch = self._watch_of(key, bytes(fingerprint), last.retry_after_ms / 1000)
+            watch.waiters += 1
+            try:
+                seen = await asyncio.wait_for(asyncio.shield(watch.task), left)
+            except asyncio.TimeoutError:
+                return last
+            except errors.IdemError as err:
+                log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
+                return first
+            finally:
+                watch.waiters -= 1
+                if watch.waiters == 0 and not watch.task.done():
+                    # Nobody waits any more: the watch stops.
+                    watch.task.cancel()
+                    self._watches.pop((key, bytes(fingerprint)), None)
+            if seen is not None:
+                return seen
+            try:
+                outcome = await self._begin(key, fingerprint, ttl, lease, None, None)
+            except errors.IdemError as err:
+                log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
+                return first
+            if not isinstance(outcome, InFlight):
+                return outcome
+            last = outcome
+        return last
+
+    def _watch_of(self, key: str, fingerprint: bytes, lease_left: float) -> _Watch:
+        ident = (key, fingerprint)
+        watch = self._watches.get(ident)
+        if watch is None or watch.task.done():
+            task = asyncio.ensure_future(self._watch(key, fingerprint, lease_left))
+            watch = _Watch(task)
+            self._watches[ident] = watch
+
+            def settled(done: asyncio.Future[Outcome | None], watch: _Watch = watch) -> None:
+                if self._watches.get(ident) is watch:
+                    del self._watches[ident]
+                if not done.cancelled():
+                    done.exception()  # retrieved: a watch nobody awaits any more
+
+            task.add_done_callback(settled)
+        return watch
+
+    async def _watch(self, key: str, fingerprint: bytes, lease_left: float) -> Outcome | None:
+        """Polls GET (pauses doubling up to a bound, the last ending with the
+        holder's lease): the answer BEGIN would give once the record is
+        completed (its response for this request, else a mismatch), or
+        ``None`` when it changed otherwise or the lease ran out."""
+        watched = _core.Watched(fingerprint)
+        deadline = time.monotonic() + lease_left
+        for pause in _core.poll_pauses(deadline, time.monotonic):
+            await asyncio.sleep(pause)
+            ended, answer = watched.judge(await self.get(key))
+            if ended:
+                return answer
+        return None
 
     async def begin_with(self, key: str, fingerprint: bytes, options: BeginOptions) -> Outcome:
         """``begin`` with its options in one value."""
@@ -144,9 +271,47 @@ class IdemClient:
 
     # ------------------------------------------------------------ transport
 
+    async def _raw(self, args: list[bytes]) -> Any:
+        return await cast(Any, self._redis).execute_command(*args, **_core.NEVER_DECODE)
+
     async def _query(self, args: list[bytes]) -> Any:
+        backend = await self.prepare()
+        sent = backend_command(backend, args)
         try:
-            return await cast(Any, self._redis).execute_command(*args, **_core.NEVER_DECODE)
+            try:
+                return await self._raw(sent)
+            except rexc.ResponseError as err:
+                if not is_missing(backend, err):
+                    missing = module_missing(backend, err)
+                    if missing is not None:
+                        raise missing from err
+                    raise
+                # Flushed, or a failover to a node that never had it: load
+                # it and send the call once more.
+                log.warning("the idem library is missing on the server; loading it: %s", err)
+                try:
+                    await self._raw(load_command(backend))
+                except rexc.ResponseError as refused:
+                    raise reload_failed(backend, err, refused) from refused
+                return await self._raw(sent)
+        except (rexc.RedisError, OSError, asyncio.TimeoutError) as err:
+            raise errors.from_redis(err) from err
+
+    async def _probe(self, probe: Probe) -> Backend:
+        """Runs ``probe`` (``idem.backend.resolve``), sending each command it
+        yields: its reply is sent back in, a Redis error reply thrown in."""
+        try:
+            try:
+                step = next(probe)
+                while True:
+                    try:
+                        reply = await self._raw(step)
+                    except rexc.ResponseError as err:
+                        step = probe.throw(err)
+                    else:
+                        step = probe.send(reply)
+            except StopIteration as done:
+                return cast(Backend, done.value)
         except (rexc.RedisError, OSError, asyncio.TimeoutError) as err:
             raise errors.from_redis(err) from err
 

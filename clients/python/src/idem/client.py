@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Generator
 from typing import Any, cast
 
 import redis
@@ -12,10 +15,30 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from idem import _core, errors, wire
+from idem.backend import (
+    Backend,
+    Probe,
+    is_missing,
+    load_command,
+    module_missing,
+    reload_failed,
+    resolve,
+)
+from idem.backend import command as backend_command
 from idem.types import BeginOptions, InFlight, Origin, Outcome, Record, StoredResponse
 from idem.wire import Duration
 
 log = logging.getLogger("idem")
+
+
+class _Watch:
+    """One watch of a record, shared by the waiters of one key and request."""
+
+    def __init__(self) -> None:
+        self.waiters = 0
+        self.done = threading.Event()
+        self.answer: Outcome | None = None
+        self.error: errors.IdemError | None = None
 
 
 class IdemClient:
@@ -29,7 +52,13 @@ class IdemClient:
 
     ``begin(..., wait=s)`` sends a normal BEGIN first and only when it
     answers ``in_flight`` a blocking one (``WAIT``) on a connection of its
-    own from the pool, so a waiting call never holds up another.
+    own from the pool, so a waiting call never holds up another; on the
+    library (which does not block) it polls instead (``_poll``).
+
+    ``backend``: ``"auto"`` (the module where ``IDEM.BEGIN`` exists, else
+    the Functions library, loaded when missing or older, else the scripts
+    form), or ``"module"``, ``"functions"``, ``"scripts"``. ``prepare()``
+    settles it at start-up; otherwise the first call does.
     """
 
     def __init__(
@@ -38,9 +67,15 @@ class IdemClient:
         *,
         packed_replies: bool = True,
         call_timeout: float | None = None,
+        backend: Backend | str = Backend.AUTO,
     ) -> None:
         self._redis = client
         self._packed = _core.PackedSwitch(packed_replies)
+        self._requested = Backend.of(backend)
+        self._backend = Backend.MODULE if self._requested is Backend.MODULE else None
+        self._resolving = threading.Lock()
+        self._watches: dict[tuple[str, bytes], _Watch] = {}
+        self._watching = threading.Lock()
         configured = client.connection_pool.connection_kwargs.get("socket_timeout")
         self.call_timeout: float = (
             call_timeout
@@ -51,18 +86,45 @@ class IdemClient:
         )
 
     @classmethod
-    def from_url(cls, url: str, *, call_timeout: float | None = None, **kwargs: Any) -> IdemClient:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        call_timeout: float | None = None,
+        backend: Backend | str = Backend.AUTO,
+        **kwargs: Any,
+    ) -> IdemClient:
         """A client for the server at ``url`` (``redis://host:port/db``)."""
         timeout = _core.default_call_timeout() if call_timeout is None else call_timeout
         client = redis.Redis.from_url(
             url, **_core.connection_kwargs(timeout, kwargs, Retry(NoBackoff(), 0))
         )
-        return cls(client, call_timeout=timeout)
+        return cls(client, call_timeout=timeout, backend=backend)
 
     @property
     def redis(self) -> redis.Redis:
         """The redis-py client underneath."""
         return self._redis
+
+    @property
+    def backend(self) -> Backend | None:
+        """The backend the calls run on; ``None`` until ``prepare`` or the
+        first call settled it."""
+        return self._backend
+
+    def prepare(self) -> Backend:
+        """Settles the backend now (at start-up) and answers it: loads the
+        library when it is the one and is missing or older. Raises
+        ``BackendMissingError`` when the server offers none,
+        ``UnavailableError`` when it cannot be reached."""
+        if self._backend is not None:
+            return self._backend
+        with self._resolving:
+            if self._backend is None:
+                found = self._probe(resolve(self._requested))
+                log.info("idem backend: %s", found.value)
+                self._backend = found
+        return self._backend
 
     def close(self) -> None:
         self._redis.close()
@@ -92,6 +154,8 @@ class IdemClient:
         if not isinstance(first, InFlight) or wire.is_zero(wait):
             return first
         assert wait is not None
+        if self.prepare() is not Backend.MODULE:
+            return self._poll(key, fingerprint, ttl, lease, first, _core.seconds(wait))
         bound = _core.seconds(wait) + self.call_timeout
         try:
             return self._begin(key, fingerprint, ttl, lease, wait, bound)
@@ -99,6 +163,83 @@ class IdemClient:
             # The key is known to be in flight; that stays the answer.
             log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
             return first
+
+    def _poll(
+        self,
+        key: str,
+        fingerprint: bytes,
+        ttl: Duration,
+        lease: Duration | None,
+        first: InFlight,
+        wait: float,
+    ) -> Outcome:
+        """The library's WAIT: the waiters of one key and request share one
+        watch of the record (a thread polling GET, ``_watch``), so many
+        duplicates cost one GET per interval, and all get the stored answer
+        from the GET that sees it. When the record changes otherwise
+        (released, expired, taken over, the lease ran out) each sends its
+        own BEGIN, which may make it the new holder."""
+        deadline = time.monotonic() + wait
+        ident = (key, bytes(fingerprint))
+        last = first
+        while (left := deadline - time.monotonic()) > 0:
+            with self._watching:
+                watch = self._watches.get(ident)
+                if watch is None or watch.done.is_set():
+                    watch = _Watch()
+                    self._watches[ident] = watch
+                    threading.Thread(
+                        target=self._watch,
+                        args=(ident, watch, last.retry_after_ms / 1000),
+                        name="idem-watch",
+                        daemon=True,
+                    ).start()
+                watch.waiters += 1
+            try:
+                settled = watch.done.wait(left)
+            finally:
+                with self._watching:
+                    watch.waiters -= 1  # at none, the watch stops
+            if not settled:
+                return last
+            if watch.error is not None:
+                log.warning(
+                    "waiting for the key's holder failed; answering in_flight: %s", watch.error
+                )
+                return first
+            if watch.answer is not None:
+                return watch.answer
+            try:
+                outcome = self._begin(key, fingerprint, ttl, lease, None, None)
+            except errors.IdemError as err:
+                log.warning("waiting for the key's holder failed; answering in_flight: %s", err)
+                return first
+            if not isinstance(outcome, InFlight):
+                return outcome
+            last = outcome
+        return last
+
+    def _watch(self, ident: tuple[str, bytes], watch: _Watch, lease_left: float) -> None:
+        """Polls GET (pauses doubling up to a bound, the last ending with the
+        holder's lease) until ``_core.Watched`` ends it, the lease runs out
+        or nobody waits any more."""
+        key, fingerprint = ident
+        watched = _core.Watched(fingerprint)
+        try:
+            for pause in _core.poll_pauses(time.monotonic() + lease_left, time.monotonic):
+                time.sleep(pause)
+                if watch.waiters == 0:
+                    break
+                ended, watch.answer = watched.judge(self.get(key))
+                if ended:
+                    break
+        except errors.IdemError as err:
+            watch.error = err
+        finally:
+            with self._watching:
+                if self._watches.get(ident) is watch:
+                    del self._watches[ident]
+            watch.done.set()
 
     def begin_with(self, key: str, fingerprint: bytes, options: BeginOptions) -> Outcome:
         """``begin`` with its options in one value."""
@@ -154,9 +295,35 @@ class IdemClient:
 
     # ------------------------------------------------------------ transport
 
+    def _raw(self, args: list[bytes]) -> Any:
+        return cast(Any, self._redis).execute_command(*args, **_core.NEVER_DECODE)
+
     def _query(self, args: list[bytes]) -> Any:
+        backend = self.prepare()
+        sent = backend_command(backend, args)
         try:
-            return cast(Any, self._redis).execute_command(*args, **_core.NEVER_DECODE)
+            try:
+                return self._raw(sent)
+            except rexc.ResponseError as err:
+                if not is_missing(backend, err):
+                    missing = module_missing(backend, err)
+                    if missing is not None:
+                        raise missing from err
+                    raise
+                # Flushed, or a failover to a node that never had it: load
+                # it and send the call once more.
+                log.warning("the idem library is missing on the server; loading it: %s", err)
+                try:
+                    self._raw(load_command(backend))
+                except rexc.ResponseError as refused:
+                    raise reload_failed(backend, err, refused) from refused
+                return self._raw(sent)
+        except (rexc.RedisError, OSError) as err:
+            raise errors.from_redis(err) from err
+
+    def _probe(self, probe: Probe) -> Backend:
+        try:
+            return _drive(probe, self._raw)
         except (rexc.RedisError, OSError) as err:
             raise errors.from_redis(err) from err
 
@@ -185,3 +352,19 @@ class IdemClient:
             if not healthy:
                 conn.disconnect()
             pool.release(conn)
+
+
+def _drive(probe: Generator[list[bytes], Any, Backend], send: Any) -> Backend:
+    """Runs ``probe``, sending each command it yields: its reply is sent
+    back in, a Redis error reply thrown in."""
+    try:
+        step = next(probe)
+        while True:
+            try:
+                reply = send(step)
+            except rexc.ResponseError as err:
+                step = probe.throw(err)
+            else:
+                step = probe.send(reply)
+    except StopIteration as done:
+        return cast(Backend, done.value)

@@ -158,6 +158,26 @@ class OtherRedisError(IdemError):
         return f"redis error: {self.detail}"
 
 
+class BackendMissingError(OtherRedisError):
+    """The server offers no way to run idem: the module is not loaded and
+    the Functions library could neither be found nor loaded (nor the
+    scripts). A configuration error, raised at start-up (``prepare``) or by
+    the first call; ``reasons`` says what each step answered."""
+
+    def __init__(self, backend: str = "auto", reasons: list[str] | None = None) -> None:
+        self.backend = backend
+        self.reasons = list(reasons or ())
+        super().__init__("; ".join(self.reasons))
+
+    def __str__(self) -> str:
+        return (
+            f"no idem on this Redis (backend={self.backend}): {self.detail}. "
+            "Load the module (loadmodule libidem.so), or load the Functions library "
+            "functions/idem.lua (FUNCTION LOAD REPLACE, as a user allowed to), or let "
+            "this client's user run FUNCTION LOAD and FCALL, or SCRIPT LOAD and EVALSHA"
+        )
+
+
 class UnexpectedReplyError(IdemError):
     """The module answered something this client does not understand."""
 

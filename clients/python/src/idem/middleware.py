@@ -18,7 +18,9 @@ layer (docs/client.md, "Middleware"; the facts in spec/http.json):
   ``Idempotent-Replayed: true``; ``mismatch``: 422 problem;
 - Redis (or the mirror) unreachable: 503 problem with ``Retry-After: 1``
   (fail closed), or the application runs unprotected with ``fail_open``
-  (never when the ``claim_up_front`` claim failed: 503);
+  (never when the ``claim_up_front`` claim failed: 503); a Redis with
+  neither the module nor a loadable library: 500, logged once (call the
+  client's ``prepare()`` at start-up to stop there instead);
 - ``claim_up_front``: the fence's durable claim stands in for read-through's
   lookup, before the application runs (docs/fence.md).
 
@@ -43,7 +45,14 @@ from typing import Any
 from idem import _spec
 from idem.asyncio import IdemClient
 from idem.canonical_json import canonicalize
-from idem.errors import CompletedError, IdemError, NotFoundError, PostgresError, StaleError
+from idem.errors import (
+    BackendMissingError,
+    CompletedError,
+    IdemError,
+    NotFoundError,
+    PostgresError,
+    StaleError,
+)
 from idem.fence import AsyncFence, Layout, Proceed, _Report
 from idem.fingerprint import Fingerprint, Fingerprinter
 from idem.keys import InvalidKeyError, parse_key, redis_key, tenant_of_lines
@@ -171,6 +180,7 @@ class IdempotencyMiddleware:
         self.table_layout: Layout = table_layout
         self.claim_up_front = claim_up_front
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._reported_missing = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"].upper() not in self.methods:
@@ -317,6 +327,13 @@ class IdempotencyMiddleware:
             elif err.is_transient:
                 log.warning("idempotency store unavailable; answering 503: %s", err)
                 await _problem(send, "unavailable")
+            elif isinstance(err, BackendMissingError):
+                # A server without idem is said once, not per request (it
+                # stays 500 until the module or the library is there).
+                if not self._reported_missing:
+                    self._reported_missing = True
+                    log.error("%s", err)
+                await _problem(send, "internal")
             else:
                 log.error("IDEM.BEGIN failed: %s", err)
                 await _problem(send, "internal")

@@ -18,15 +18,19 @@ pub struct Limits {
     pub max_ttl_secs: u64,
     pub max_body_bytes: u64,
     pub default_lease_ms: u64,
+    /// Most `HEADER`s one `IDEM.COMPLETE` may carry (`idem.max-headers`).
+    pub max_headers: u64,
 }
 
 impl Limits {
     /// The module's defaults (`idem.max-ttl` 30 days, `idem.max-body-bytes`
-    /// 1 MiB, `idem.lease-ms` 30 s); the in-memory store starts from them too.
+    /// 1 MiB, `idem.lease-ms` 30 s, `idem.max-headers` 256); the in-memory
+    /// store starts from them too.
     pub const DEFAULT: Limits = Limits {
         max_ttl_secs: 2_592_000,
         max_body_bytes: 1_048_576,
         default_lease_ms: 30_000,
+        max_headers: 256,
     };
 }
 
@@ -111,6 +115,10 @@ pub const PACKED: &str = "PACKED";
 /// Longest lease or wait accepted: a year, far beyond any sane value, and small
 /// enough that `now + lease` never overflows.
 pub const MAX_MS: u64 = 366 * 24 * 3600 * 1000;
+/// Bytes each `HEADER` counts against `max-body-bytes` besides its name and
+/// value: what a header costs a record beyond its bytes, so many tiny
+/// headers cannot hold more memory than the limit says.
+pub const HEADER_OVERHEAD: usize = 32;
 /// Most records one `IDEM.MIRROR.PULL` hands out.
 pub const MAX_PULL: usize = 10_000;
 
@@ -235,6 +243,11 @@ pub fn complete<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Complete<'a>, 
     let mut i = 4;
     while i < args.len() {
         if args[i].eq_ignore_ascii_case(b"HEADER") {
+            if headers.len() as u64 >= limits.max_headers {
+                return Err(Error::TooManyHeaders {
+                    max: limits.max_headers,
+                });
+            }
             let (Some(name), Some(value)) = (args.get(i + 1), args.get(i + 2)) else {
                 return Err(Error::bad_arg("HEADER needs a name and a value"));
             };
@@ -256,7 +269,7 @@ pub fn complete<'a>(args: &[&'a [u8]], limits: &Limits) -> Result<Complete<'a>, 
     let size = body.len()
         + headers
             .iter()
-            .map(|h| h.name.len() + h.value.len())
+            .map(|h| h.name.len() + h.value.len() + HEADER_OVERHEAD)
             .sum::<usize>();
     if size as u64 > limits.max_body_bytes {
         return Err(Error::TooLarge {
@@ -301,17 +314,30 @@ pub fn touch<'a>(args: &[&'a [u8]]) -> Result<Touch<'a>, Error> {
     })
 }
 
-/// `count [CLAIM ms] [BLOCK ms]`
+/// `count [CLAIM ms] [BLOCK ms]`, a claim up to `MAX_MS`.
 pub fn pull(args: &[&[u8]], default_claim_ms: u64) -> Result<Pull, Error> {
+    pull_within(args, default_claim_ms, MAX_MS)
+}
+
+/// `count [CLAIM ms] [BLOCK ms]` with the claim bounded by `max_claim_ms`
+/// (`idem.mirror-max-claim-ms`): a longer `CLAIM` is refused and the
+/// default is cut to it, so no caller can hide records from the writer for
+/// longer.
+pub fn pull_within(
+    args: &[&[u8]],
+    default_claim_ms: u64,
+    max_claim_ms: u64,
+) -> Result<Pull, Error> {
     arity(args, 1, "IDEM.MIRROR.PULL count [CLAIM ms] [BLOCK ms]")?;
     let count = ranged(args[0], "count", 1, MAX_PULL as u64)? as usize;
-    let mut claim_ms = default_claim_ms;
+    let max_claim_ms = max_claim_ms.clamp(1, MAX_MS);
+    let mut claim_ms = default_claim_ms.min(max_claim_ms);
     let mut block_ms = None;
     let mut i = 1;
     while i < args.len() {
         let value = |name| option_value(args, i, name);
         if args[i].eq_ignore_ascii_case(b"CLAIM") {
-            claim_ms = ranged(value("CLAIM")?, "CLAIM", 1, MAX_MS)?;
+            claim_ms = ranged(value("CLAIM")?, "CLAIM", 1, max_claim_ms)?;
         } else if args[i].eq_ignore_ascii_case(b"BLOCK") {
             block_ms = Some(ranged(value("BLOCK")?, "BLOCK", 0, MAX_MS)?);
         } else {
@@ -349,8 +375,9 @@ mod tests {
 
     const LIMITS: Limits = Limits {
         max_ttl_secs: 100,
-        max_body_bytes: 10,
+        max_body_bytes: 80,
         default_lease_ms: 500,
+        max_headers: 2,
     };
 
     fn a(s: &str) -> Vec<&[u8]> {
@@ -445,10 +472,27 @@ mod tests {
                 "{bad}"
             );
         }
-        let e = complete(&a("k 5 200 0123456789a"), &LIMITS).unwrap_err();
+    }
+
+    #[test]
+    fn complete_bounds_the_response_and_its_headers() {
+        let body = |n: usize| "b".repeat(n);
+        assert!(complete(&a(&format!("k 5 200 {}", body(80))), &LIMITS).is_ok());
+        let e = complete(&a(&format!("k 5 200 {}", body(81))), &LIMITS).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "TOOLARGE body is 81 bytes, max-body-bytes is 80"
+        );
+        // Each header counts HEADER_OVERHEAD besides its name and value.
+        let at = format!("k 5 200 {} HEADER ab cd", body(80 - 4 - HEADER_OVERHEAD));
+        assert!(complete(&a(&at), &LIMITS).is_ok());
+        let over = format!("k 5 200 {} HEADER ab cd", body(81 - 4 - HEADER_OVERHEAD));
+        let e = complete(&a(&over), &LIMITS).unwrap_err();
         assert_eq!(e.code().as_str(), "TOOLARGE");
-        let e = complete(&a("k 5 200 0123456 HEADER ab cd"), &LIMITS).unwrap_err();
-        assert_eq!(e.code().as_str(), "TOOLARGE");
+        // max-headers: at the limit, then one more.
+        assert!(complete(&a("k 5 200 b HEADER a b HEADER c d"), &LIMITS).is_ok());
+        let e = complete(&a("k 5 200 b HEADER a b HEADER c d HEADER e f"), &LIMITS).unwrap_err();
+        assert_eq!(e.to_string(), "TOOLARGE more than 2 headers (max-headers)");
     }
 
     #[test]
@@ -460,5 +504,18 @@ mod tests {
         assert_eq!(touch(&a("k 3 100")).unwrap().lease_ms, 100);
         assert!(touch(&a("k 3 0")).is_err());
         assert!(key_token(&a("k 3 4"), "x").is_err());
+    }
+
+    #[test]
+    fn pull_claims_are_bounded() {
+        assert_eq!(pull_within(&a("1"), 30_000, 5_000).unwrap().claim_ms, 5_000);
+        assert_eq!(
+            pull_within(&a("1 CLAIM 5000"), 30_000, 5_000)
+                .unwrap()
+                .claim_ms,
+            5_000
+        );
+        let e = pull_within(&a("1 CLAIM 5001"), 30_000, 5_000).unwrap_err();
+        assert_eq!(e.to_string(), "BADARG CLAIM must be between 1 and 5000");
     }
 }
