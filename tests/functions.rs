@@ -551,6 +551,7 @@ impl Pair {
         }
         let t2 = now_ms();
         self.spread_ms = self.spread_ms.max(t2 - t0);
+        self.last = (t0, t2);
         self.log.push(format!(
             "#{} RESP{} PULL/claim {claim_ms}\n    module:  {}\n    library: {}",
             self.log.len(),
@@ -1631,7 +1632,7 @@ fn the_outbox_follows_completions_claims_and_acks() {
         .bulk()
         .is_some());
     // A claim hands out what PULL hands out, with the same fields.
-    let claimed = pair.claim(200, false, Form::Fcall);
+    let claimed = pair.claim(400, false, Form::Fcall);
     assert_eq!(claimed, vec![b("x"), b("{o}a"), b("{o}b"), b("{o}c")]);
     let until = lib.ok(&[b"ZSCORE", &ob, b"{o}a"]);
     let until: i64 = std::str::from_utf8(until.bulk().expect("a score"))
@@ -1639,11 +1640,11 @@ fn the_outbox_follows_completions_claims_and_acks() {
         .parse()
         .expect("an integer score");
     assert!(
-        (now_ms() + 100..=now_ms() + 200).contains(&until),
+        (pair.last.0 + 400..=pair.last.1 + 400).contains(&until),
         "claimed until {until}"
     );
     // Claimed: not handed out again until the claim lapses.
-    assert!(pair.claim(200, true, Form::Evalsha).is_empty());
+    assert!(pair.claim(400, true, Form::Evalsha).is_empty());
     // An ack marks the record mirrored and takes it out of the outbox.
     let (ack, _) = pair.call(
         Cmd::Ack,
@@ -1676,7 +1677,7 @@ fn the_outbox_follows_completions_claims_and_acks() {
         Form::Fcall,
         false,
     );
-    sleep_ms(250);
+    sleep_ms(450);
     let claimed = pair.claim(60_000, false, Form::Fcall);
     assert_eq!(claimed, vec![b("x"), b("{o}c")]);
     assert!(
