@@ -81,6 +81,11 @@ Differences from the module (everything else answers the same bytes):
   over a tenth of maxmemory within that time goes unseen for as long; a
   refused INFO counts as enough memory. The scripts form (no flags) checks
   with INFO on every new record and every COMPLETE.
+- Keyspace events and the commands replicas and the AOF receive are those
+  of the commands the functions run (hset, pexpireat, zadd, del...), not
+  the module's; the record is a plain hash any client can read or change.
+- A bug caught in the library answers Redis' script error (ERR ... script:
+  ...), not the module's INTERNAL; writes made before it are not undone.
 - SHA-256 runs in Lua, at some 0.1 ms of the server per 64 bytes: every
   BEGIN with a fingerprint that is not 32 bytes pays it (the module hashes
   natively), and so do IDEM.GET and each claimed entry, which show the
