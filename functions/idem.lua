@@ -49,8 +49,9 @@ mirrored or not completed remove the member.
 Differences from the module (everything else answers the same bytes):
 - WAIT never blocks: the functions answer at once, as the module does inside
   MULTI and Lua (in_flight while the lease is alive).
-- No configs: lease-ms 30000, max-ttl 2592000 s, max-body-bytes 1048576 are
-  the module's defaults, as constants (nothing is read with CONFIG).
+- No configs: lease-ms 30000, max-ttl 2592000 s, max-body-bytes 1048576,
+  max-headers 256 and mirror-max-claim-ms 300000 are the module's
+  defaults, as constants (nothing is read with CONFIG).
 - No INFO idem, no IDEM.MIRROR.PULL (idem_mirror_claim takes the keys the
   writer found due in one slot's outbox instead, and answers their entries
   in the order of its keys) and no BLOCK.
@@ -80,6 +81,11 @@ Differences from the module (everything else answers the same bytes):
   over a tenth of maxmemory within that time goes unseen for as long; a
   refused INFO counts as enough memory. The scripts form (no flags) checks
   with INFO on every new record and every COMPLETE.
+- Keyspace events and the commands replicas and the AOF receive are those
+  of the commands the functions run (hset, pexpireat, zadd, del...), not
+  the module's; the record is a plain hash any client can read or change.
+- A bug caught in the library answers Redis' script error (ERR ... script:
+  ...), not the module's INTERNAL; writes made before it are not undone.
 - SHA-256 runs in Lua, at some 0.1 ms of the server per 64 bytes: every
   BEGIN with a fingerprint that is not 32 bytes pays it (the module hashes
   natively), and so do IDEM.GET and each claimed entry, which show the
@@ -92,6 +98,9 @@ local VERSION = 1
 local DEFAULT_LEASE_MS = 30000
 local MAX_TTL_SECS = 2592000
 local MAX_BODY_BYTES = 1048576
+local MAX_HEADERS = 256
+local HEADER_OVERHEAD = 32 -- bytes each header counts besides its own
+local MAX_CLAIM_MS = 300000 -- the module's mirror-max-claim-ms
 local MAX_MS = 31622400000 -- 366 days
 local TOKEN_LIMIT = 9007199254740992 -- 2^53
 local TIME_LIMIT_MS = 9007199254740 -- 2^53 / 1000: no token after that
@@ -679,6 +688,9 @@ local function complete(keys, args)
   local i = 4
   while i <= #args do
     if is_word(args[i], 'HEADER') then
+      if #headers / 2 >= MAX_HEADERS then
+        fail('TOOLARGE more than ' .. MAX_HEADERS .. ' headers (max-headers)')
+      end
       local name, value = args[i + 1], args[i + 2]
       if name == nil or value == nil then
         fail('BADARG HEADER needs a name and a value')
@@ -696,7 +708,7 @@ local function complete(keys, args)
       unknown_option(args[i])
     end
   end
-  local size = #content
+  local size = #content + #headers / 2 * HEADER_OVERHEAD
   for j = 1, #headers do
     size = size + #headers[j]
   end
@@ -791,7 +803,7 @@ local function mirror_claim(keys, args)
   if #args ~= 1 then
     usage('FCALL idem_mirror_claim 1+n outbox key... claim-ms')
   end
-  local claim_ms = ranged(args[1], 'claim-ms', '1', dec(MAX_MS))
+  local claim_ms = ranged(args[1], 'claim-ms', '1', dec(MAX_CLAIM_MS))
   local outbox = keys[1]
   check_outbox(outbox)
   local now = now_ms()

@@ -551,6 +551,7 @@ impl Pair {
         }
         let t2 = now_ms();
         self.spread_ms = self.spread_ms.max(t2 - t0);
+        self.last = (t0, t2);
         self.log.push(format!(
             "#{} RESP{} PULL/claim {claim_ms}\n    module:  {}\n    library: {}",
             self.log.len(),
@@ -779,6 +780,9 @@ impl Model {
                 pad: true,
             };
         }
+        if own.is_empty() && roll < 60 {
+            return Arg::Bytes(b("12345")); // well formed, never issued
+        }
         Arg::Bytes(GARBAGE_TOKENS[rng.random_range(0..GARBAGE_TOKENS.len())].to_vec())
     }
 }
@@ -867,7 +871,13 @@ fn complete_args(rng: &mut StdRng, model: &Model, k: usize) -> Vec<Arg> {
         0..90 => ["200", "201", "404", "500", "100", "599", "0200"][rng.random_range(0..7)],
         _ => ["99", "600", "x", "", "65736"][rng.random_range(0..5)],
     };
-    let mut headers: Vec<(Vec<u8>, Vec<u8>)> = (0..rng.random_range(0..4))
+    // Mostly a few headers; at times max-headers (256) or one more.
+    let count = match rng.random_range(0..100) {
+        0..97 => rng.random_range(0..4),
+        97..99 => 256,
+        _ => 257,
+    };
+    let mut headers: Vec<(Vec<u8>, Vec<u8>)> = (0..count)
         .map(|_| {
             (
                 {
@@ -881,7 +891,8 @@ fn complete_args(rng: &mut StdRng, model: &Model, k: usize) -> Vec<Arg> {
             )
         })
         .collect();
-    let header_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    // Each header counts its name, its value and 32 bytes.
+    let header_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 32).sum();
     let body = match rng.random_range(0..100) {
         0..96 => {
             let n = rng.random_range(0..50);
@@ -1079,6 +1090,162 @@ fn random_histories_answer_as_the_module() {
 
 // ---------------------------------------------------------------------------
 // Targeted checks.
+
+/// Arguments from text.
+fn args(list: &[&str]) -> Vec<Arg> {
+    list.iter().map(|a| Arg::Bytes(b(a))).collect()
+}
+
+/// `n` headers (`HEADER name value`, each `size` bytes of name and value).
+fn headers(n: usize, size: usize) -> Vec<Arg> {
+    (0..n)
+        .flat_map(|i| {
+            let name = format!("h{i:0width$}", width = size.max(2) - 1);
+            [
+                Arg::Bytes(b("HEADER")),
+                Arg::Bytes(name.into_bytes()),
+                Arg::Bytes(vec![b'v'; size]),
+            ]
+        })
+        .collect()
+}
+
+/// The limits and the corners of parsing, on both servers, compared as in
+/// the random histories (which reach them only now and then).
+#[test]
+fn edge_cases_answer_as_the_module() {
+    let mut pair = Pair::start();
+    // Each step over RESP2, then again over RESP3 (on the state the first
+    // left: a second BEGIN meets the first's record).
+    let step = |pair: &mut Pair, cmd: Cmd, key: &str, a: Vec<Arg>| {
+        for resp3 in [false, true] {
+            pair.call(cmd, key.as_bytes(), &a, resp3, Form::Fcall, false);
+        }
+    };
+    // BEGIN: bounds, options in any case and order, repeated options.
+    for (key, a) in [
+        ("b1", vec!["fp", "2592000"]),
+        ("b2", vec!["fp", "2592001"]),
+        ("b3", vec!["fp", "1", "LEASE", "31622400000"]),
+        ("b4", vec!["fp", "1", "LEASE", "31622400001"]),
+        ("b5", vec!["fp", "1", "LEASE", "0"]),
+        ("b6", vec!["fp", "1", "LEASE", ""]),
+        (
+            "b7",
+            vec!["fp", "1", "wait", "31622400000", "packed", "PACKED"],
+        ),
+        ("b8", vec!["fp", "1", "Lease", "1000", "LEASE", "00060000"]),
+        ("b9", vec!["", "60"]),
+        ("b10", vec!["fp", "60", "WAIT"]),
+        ("b11", vec!["fp", "60", "LEASE", "10", "BOGUS"]),
+        ("b12", vec!["fp", "0060"]),
+    ] {
+        step(&mut pair, Cmd::Begin, key, args(&a));
+        step(&mut pair, Cmd::Get, key, vec![]);
+    }
+    // Unknown options cut at 64 bytes, inside a character at times.
+    let mut cut = vec![b'x'; 63];
+    cut.extend("\u{20ac}".as_bytes());
+    let mut exact = vec![b'y'; 61];
+    exact.extend("\u{20ac}".as_bytes());
+    for option in [cut, exact, b"\xf0\x9f\x98".to_vec(), b"a\r\nb\0c".to_vec()] {
+        let a = vec![Arg::Bytes(b("fp")), Arg::Bytes(b("60")), Arg::Bytes(option)];
+        step(&mut pair, Cmd::Begin, "u", a);
+    }
+
+    // COMPLETE: every refusal first, then the limits met exactly.
+    let (reply, _) = pair.call(
+        Cmd::Begin,
+        b"c",
+        &args(&["fp", "60"]),
+        false,
+        Form::Fcall,
+        false,
+    );
+    let token = reply.items().expect("new")[1].int().expect("a token");
+    let t = Arg::Token {
+        sym: pair.module.symbols[&(b("c"), token)],
+        pad: false,
+    };
+    let padded = Arg::Token {
+        sym: pair.module.symbols[&(b("c"), token)],
+        pad: true,
+    };
+    let complete = |extra: Vec<Arg>, body: Vec<u8>, status: &str| {
+        let mut a = vec![t.clone(), Arg::Bytes(b(status)), Arg::Bytes(body)];
+        a.extend(extra);
+        a
+    };
+    let mut too_many = headers(256, 1);
+    too_many.extend(args(&["HEADER"])); // the 257th, even without its name
+    let mut missing = headers(255, 1);
+    missing.extend(args(&["HEADER", "n"]));
+    // Two headers of 10 + 10 bytes count 2 * (20 + 32).
+    let at_limit = 1_048_576 - 2 * (20 + 32);
+    for a in [
+        complete(headers(257, 1), b("x"), "200"),
+        complete(too_many, b("x"), "200"),
+        complete(missing, b("x"), "200"),
+        complete(headers(2, 10), vec![b'z'; at_limit + 1], "200"),
+        complete(headers(0, 0), vec![b'z'; 1_048_577], "200"),
+        complete(vec![], b("x"), "099"),
+        complete(vec![], b("x"), "600"),
+        complete(args(&["MIRRORED", "HEADER", "", "v"]), b("x"), "200"),
+        vec![padded.clone(), Arg::Bytes(b("200"))],
+    ] {
+        step(&mut pair, Cmd::Complete, "c", a);
+    }
+    // TOUCH and ABORT bounds, a padded token.
+    step(
+        &mut pair,
+        Cmd::Touch,
+        "c",
+        vec![padded.clone(), Arg::Bytes(b("0"))],
+    );
+    step(
+        &mut pair,
+        Cmd::Touch,
+        "c",
+        vec![padded.clone(), Arg::Bytes(b("31622400001"))],
+    );
+    step(
+        &mut pair,
+        Cmd::Touch,
+        "c",
+        vec![padded.clone(), Arg::Bytes(b("31622400000"))],
+    );
+    step(
+        &mut pair,
+        Cmd::Abort,
+        "c",
+        vec![padded.clone(), Arg::Bytes(b("x"))],
+    );
+    step(&mut pair, Cmd::Get, "c", args(&["x"]));
+    step(&mut pair, Cmd::Ack, "c", vec![padded.clone()]);
+    // The limits met exactly: max-headers, and max-body-bytes with them.
+    let done = complete(headers(256, 1), b("x"), "0599");
+    step(&mut pair, Cmd::Complete, "c", done);
+    step(&mut pair, Cmd::Begin, "c", args(&["fp", "60", "PACKED"]));
+    step(&mut pair, Cmd::Get, "c", vec![]);
+    let (reply, _) = pair.call(
+        Cmd::Begin,
+        b"d",
+        &args(&["fp", "60"]),
+        false,
+        Form::Fcall,
+        false,
+    );
+    let token = reply.items().expect("new")[1].int().expect("a token");
+    let t = Arg::Token {
+        sym: pair.module.symbols[&(b("d"), token)],
+        pad: false,
+    };
+    let mut a = vec![t, Arg::Bytes(b("200")), Arg::Bytes(vec![b'z'; at_limit])];
+    a.extend(headers(2, 10));
+    step(&mut pair, Cmd::Complete, "d", a);
+    step(&mut pair, Cmd::Begin, "d", args(&["fp", "60"]));
+    pair.claim(1000, true, Form::Fcall);
+}
 
 /// FCALL `function` with `keys` and `args` on `conn`.
 fn fcall(conn: &mut RawConn, function: &str, keys: &[&[u8]], args: &[&[u8]]) -> Resp {
@@ -1465,7 +1632,7 @@ fn the_outbox_follows_completions_claims_and_acks() {
         .bulk()
         .is_some());
     // A claim hands out what PULL hands out, with the same fields.
-    let claimed = pair.claim(200, false, Form::Fcall);
+    let claimed = pair.claim(400, false, Form::Fcall);
     assert_eq!(claimed, vec![b("x"), b("{o}a"), b("{o}b"), b("{o}c")]);
     let until = lib.ok(&[b"ZSCORE", &ob, b"{o}a"]);
     let until: i64 = std::str::from_utf8(until.bulk().expect("a score"))
@@ -1473,11 +1640,11 @@ fn the_outbox_follows_completions_claims_and_acks() {
         .parse()
         .expect("an integer score");
     assert!(
-        (now_ms() + 100..=now_ms() + 200).contains(&until),
+        (pair.last.0 + 400..=pair.last.1 + 400).contains(&until),
         "claimed until {until}"
     );
     // Claimed: not handed out again until the claim lapses.
-    assert!(pair.claim(200, true, Form::Evalsha).is_empty());
+    assert!(pair.claim(400, true, Form::Evalsha).is_empty());
     // An ack marks the record mirrored and takes it out of the outbox.
     let (ack, _) = pair.call(
         Cmd::Ack,
@@ -1510,7 +1677,7 @@ fn the_outbox_follows_completions_claims_and_acks() {
         Form::Fcall,
         false,
     );
-    sleep_ms(250);
+    sleep_ms(450);
     let claimed = pair.claim(60_000, false, Form::Fcall);
     assert_eq!(claimed, vec![b("x"), b("{o}c")]);
     assert!(
@@ -1527,6 +1694,14 @@ fn the_outbox_follows_completions_claims_and_acks() {
         Some(0),
         "the outbox is empty"
     );
+    // Claims are bounded as PULL's (mirror-max-claim-ms, five minutes).
+    let long = fcall(&mut lib, "idem_mirror_claim", &[&ob, b"{o}c"], &[b"300001"]);
+    assert_eq!(
+        long.error().as_deref(),
+        Some("BADARG claim-ms must be between 1 and 300000")
+    );
+    let longest = fcall(&mut lib, "idem_mirror_claim", &[&ob, b"{o}c"], &[b"300000"]);
+    assert_eq!(longest.items().map(<[Resp]>::len), Some(0), "{longest:?}");
 }
 
 #[test]
