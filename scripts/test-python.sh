@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Python package (clients/python): makes a venv under target/py-venv,
 # installs the package with its pinned test extras (pytest, ruff, mypy,
-# starlette, httpx), then runs ruff, mypy --strict and pytest against a
+# starlette, httpx), then checks the sync modules generated from the asyncio
+# ones are up to date (scripts/gen-python-sync.py --check) and runs ruff,
+# mypy --strict and pytest against a
 # redis-server with the module (on a free port the tests pick) and Postgres.
 # Uses $IDEM_MODULE when set, else builds the module; $DATABASE_URL when set,
 # else the local Postgres on 127.0.0.1:5432, else a throwaway cluster.
@@ -35,6 +37,9 @@ echo "==> pip install clients/python[test]"
 # Not editable: the tests run against the wheel, its shipped spec files included.
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps ./clients/python
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "./clients/python[test]"
+
+echo "==> generated sync twins (scripts/gen-python-sync.py --check)"
+"$venv/bin/python" scripts/gen-python-sync.py --check
 
 cd clients/python
 echo "==> ruff"

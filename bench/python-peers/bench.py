@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,7 @@ from typing import Any
 
 import httpx
 import redis
+from idem.testing import RedisServer, free_port
 
 HERE = Path(__file__).resolve().parent
 REQUESTS = int(os.environ.get("PEERS_REQUESTS", "2000"))
@@ -36,45 +35,15 @@ LEASE_MS = 1000
 LAYERS = {"idem": "/idem/payments", "powertools": "/pt/payments"}
 
 
-def free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in (6379, 6390):
-            return port
-
-
 @contextmanager
 def processes(directory: Path) -> Iterator[tuple[int, list[tuple[subprocess.Popen[bytes], str]]]]:
-    """redis-server with a private copy of the module, and two app instances."""
-    module = directory / "libidem.so"
-    shutil.copy2(os.environ["IDEM_MODULE"], module)
-    redis_port = free_port()
+    """redis-server with a private copy of the module (``idem.testing``, the
+    harness of the package's tests), and two app instances."""
+    server = RedisServer(free_port(), directory)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        procs.append(
-            subprocess.Popen(
-                [
-                    "redis-server",
-                    "--port",
-                    str(redis_port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(directory),
-                    "--loadmodule",
-                    str(module),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        wait_for(lambda: redis.Redis(port=redis_port).ping())
+        server.start()
+        redis_port = server.port
         apps = []
         for n in range(2):
             port = free_port()
@@ -112,6 +81,7 @@ def processes(directory: Path) -> Iterator[tuple[int, list[tuple[subprocess.Pope
                 proc.send_signal(signal.SIGCONT)
             proc.kill()
             proc.wait()
+        server.stop()
 
 
 def wait_for(check: Any, within: float = 30) -> None:

@@ -2,22 +2,20 @@
 whatever happens: a redis-server with the idem module on a free port, a
 Postgres database (created, migrated by ``idem-writer migrate``, dropped),
 ``idem-writer run`` mirroring the one into the other, and one or more
-instances of an example app started through its driver (``apps.json``)."""
+instances of an example app started through its driver (``apps.json``).
+Ports, redis-server and databases come from the Python package's harness,
+``idem.testing``, the one its own tests use."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,55 +24,13 @@ from typing import Any
 import httpx
 import psycopg
 import redis
+from idem import testing
+from idem.testing import HarnessError, RedisServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CONFORMANCE = REPO / "conformance"
-RESERVED_PORTS = {6379, 6390}
-ADMIN_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+ADMIN_URL = testing.admin_url()
 APP_START_TIMEOUT = float(os.environ.get("CONFORMANCE_APP_START_S", "120"))
-
-
-class HarnessError(RuntimeError):
-    """A process did not come up (with its log)."""
-
-
-def free_port() -> int:
-    """A port below the kernel's ephemeral range nobody listens on (never 6379 or 6390)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except OSError:
-        low = 32768
-    for _ in range(500):
-        port = random.randrange(10000, max(low, 11000))
-        if port in RESERVED_PORTS:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise HarnessError("no free port")
-
-
-_MODULE_COPY: list[Path] = []
-
-
-def module_path() -> Path:
-    """A private copy of ``$IDEM_MODULE``, made once per run: a build that
-    rewrites the shared file in place (``cp`` onto it) crashes every
-    redis-server that has it loaded."""
-    if _MODULE_COPY:
-        return _MODULE_COPY[0]
-    env = os.environ.get("IDEM_MODULE")
-    if not env:
-        raise HarnessError("IDEM_MODULE is not set (scripts/test-conformance.sh sets it)")
-    directory = Path(tempfile.mkdtemp(prefix="idem-conf-module-"))
-    atexit.register(shutil.rmtree, directory, True)
-    copy = directory / "libidem.so"
-    shutil.copy2(env, copy)  # with its execute bit: Redis refuses a module without
-    _MODULE_COPY.append(copy)
-    return copy
 
 
 def writer_binary() -> Path:
@@ -164,12 +120,16 @@ class Stack:
     app_env: Mapping[str, str]
     instances: int = 1
     dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-conf-")))
-    redis_port: int = 0
-    redis_proc: Process | None = None
+    redis_server: RedisServer | None = None
     db_name: str = ""
     writer: Process | None = None
     apps: list[Process] = field(default_factory=list)
     bases: list[str] = field(default_factory=list)
+
+    @property
+    def redis_port(self) -> int:
+        assert self.redis_server is not None
+        return self.redis_server.port
 
     @property
     def redis_url(self) -> str:
@@ -177,14 +137,13 @@ class Stack:
 
     @property
     def database_url(self) -> str:
-        base, _, _ = ADMIN_URL.rpartition("/")
-        return f"{base}/{self.db_name}"
+        return testing.database_url(self.db_name)
 
     # ------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> Stack:
         try:
-            self.redis_port = free_port()
+            self.redis_server = RedisServer(free_port(), self.dir)
             self.start_redis()
             self.create_database()
             self.start_writer()
@@ -203,11 +162,10 @@ class Stack:
             proc.kill()
         if self.writer is not None:
             self.writer.kill()
-        if self.redis_proc is not None:
-            self.redis_proc.kill()
+        if self.redis_server is not None:
+            self.redis_server.stop()
         if self.db_name:
-            with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+            testing.drop_database(self.db_name)
             self.db_name = ""
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -215,45 +173,30 @@ class Stack:
         parts = [f"--- {p.name} log ---\n{p.log()}" for p in [*self.apps]]
         if self.writer is not None:
             parts.append(f"--- writer log ---\n{self.writer.log()}")
-        if self.redis_proc is not None:
-            parts.append(f"--- redis log ---\n{self.redis_proc.log()}")
+        if self.redis_server is not None:
+            parts.append(f"--- redis log ---\n{self.redis_server.log()}")
         return "\n".join(parts)
 
     # ------------------------------------------------------------ Redis
 
     def start_redis(self) -> None:
-        argv = [
-            os.environ.get("IDEM_REDIS_SERVER", "redis-server"),
-            "--port", str(self.redis_port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-            "--loadmodule", str(module_path()),
-        ]  # fmt: skip
-        self.redis_proc = Process("redis", argv, dict(os.environ), self.dir / "redis.log")
-        self.redis_proc.start()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if not self.redis_proc.alive():
-                raise HarnessError(f"redis-server exited:\n{self.redis_proc.log()}")
-            try:
-                if self.redis().ping():
-                    return
-            except redis.RedisError:
-                time.sleep(0.02)
-        raise HarnessError(f"redis-server not ready:\n{self.redis_proc.log()}")
+        """Starts the scenario's server (again, after ``kill_redis``: the
+        same port, empty)."""
+        assert self.redis_server is not None
+        self.redis_server.start()
 
     def kill_redis(self) -> None:
-        if self.redis_proc is not None:
-            self.redis_proc.kill()
+        if self.redis_server is not None:
+            self.redis_server.stop()
 
     def redis(self) -> redis.Redis:
-        return redis.Redis(port=self.redis_port, socket_timeout=5)
+        assert self.redis_server is not None
+        return self.redis_server.raw()
 
     # ------------------------------------------------------------ Postgres
 
     def create_database(self) -> None:
-        self.db_name = f"idem_conf_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{self.db_name}"')
+        self.db_name = testing.create_database("idem_conf_")
         migrate = subprocess.run(
             [str(writer_binary()), "migrate", "--database-url", self.database_url],
             capture_output=True,

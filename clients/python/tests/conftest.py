@@ -1,7 +1,9 @@
 """Fixtures: a redis-server with the idem module on a free port (never 6379
 or 6390), a "managed" one (no module, ``MODULE`` renamed away: the client
-loads the Functions library), and a throwaway Postgres database with the
-writer's migrations, dropped at the end whatever happens.
+loads the Functions library), both from the harness's pytest plugin
+(``idem.testing.plugin``), and throwaway Postgres databases with the
+writer's migrations (``idem.testing.database``), dropped at the end whatever
+happens.
 
 ``client`` and ``aclient`` (and what uses them) run once per backend in
 ``$IDEM_TEST_BACKENDS`` (module, functions, scripts by default): the module
@@ -11,193 +13,54 @@ managed one."""
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
-import random
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self, cast
 
 import psycopg
 import pytest
-import redis
 
 import idem
 import idem.asyncio
+from idem import testing
 from idem.fence import Fence, Proceed
+from idem.testing import RedisServer, free_port
 
 REPO = Path(__file__).resolve().parents[3]
-RESERVED = {6379, 6390}
 BACKENDS = tuple(
     b for b in os.environ.get("IDEM_TEST_BACKENDS", "module,functions,scripts").split(",") if b
 )
+MODULE_CANDIDATES = (
+    REPO / "target/release/module/libidem.so",
+    REPO / "target/release/libidem.so",
+    REPO / "target/debug/libidem.so",
+)
+"""Where the module is looked for without ``$IDEM_MODULE`` (the newest)."""
+
+# The servers, ports and databases: idem.testing, its fixtures from the plugin.
+pytest_plugins = ["idem.testing.plugin"]
 
 
-_MODULE_COPY: list[Path] = []
-
-
-def module_path() -> Path:
-    """A private copy of the module, made once per session: a build that
-    rewrites the shared file in place crashes every redis-server that has it
-    loaded."""
-    if _MODULE_COPY:
-        return _MODULE_COPY[0]
-    if env := os.environ.get("IDEM_MODULE"):
-        built = Path(env)
-    else:
-        candidates = [
-            REPO / "target/release/module/libidem.so",
-            REPO / "target/release/libidem.so",
-            REPO / "target/debug/libidem.so",
-        ]
-        found = [p for p in candidates if p.exists()]
-        if not found:
-            pytest.exit("libidem.so not built: set IDEM_MODULE or run scripts/test-python.sh", 2)
-        built = max(found, key=lambda p: p.stat().st_mtime)
-    directory = Path(tempfile.mkdtemp(prefix="idem-py-module-"))
-    atexit.register(shutil.rmtree, directory, True)
-    copy = directory / "libidem.so"
-    shutil.copy2(built, copy)  # with its execute bit: Redis refuses a module without
-    _MODULE_COPY.append(copy)
-    return copy
-
-
-def free_port() -> int:
-    """A port below the kernel's ephemeral range nobody listens on."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except OSError:
-        low = 32768
-    for _ in range(500):
-        port = random.randrange(10000, max(low, 11000))
-        if port in RESERVED:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port")
-
-
-@dataclass
-class RedisServer:
-    port: int
-    dir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    module: bool = True
-    """With the module; else as a managed service runs it: none, and
-    ``MODULE`` renamed away (plus ``renamed``)."""
-    renamed: tuple[str, ...] = ()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/"
-
-    def start(self, *module_args: str) -> None:
-        config = self.dir / "redis.conf"
-        config.write_text(
-            "".join(f'rename-command {name} ""\n' for name in ("MODULE", *self.renamed))
-            if not self.module
-            else ""
-        )
-        load = ["--loadmodule", str(module_path()), *module_args] if self.module else []
-        self.proc = subprocess.Popen(
-            [
-                os.environ.get("IDEM_REDIS_SERVER", "redis-server"), str(config),
-                "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-                "--logfile", str(self.dir / "redis.log"),
-                "--enable-debug-command", "yes",
-                *load,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited:\n{self.log()}")
-            try:
-                if redis.Redis(port=self.port, socket_timeout=1).ping():
-                    return
-            except redis.RedisError:
-                time.sleep(0.02)
-        raise RuntimeError(f"redis-server not ready:\n{self.log()}")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def log(self) -> str:
-        try:
-            return (self.dir / "redis.log").read_text()
-        except OSError:
-            return ""
-
-    def raw(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=5)
+@pytest.fixture(scope="session")
+def idem_module_candidates() -> Sequence[Path]:
+    return MODULE_CANDIDATES
 
 
 def start_redis(
     *module_args: str, module: bool = True, renamed: tuple[str, ...] = ()
 ) -> RedisServer:
-    server = RedisServer(
-        free_port(),
-        Path(tempfile.mkdtemp(prefix="idem-py-redis-")),
+    """``idem.testing.start_redis`` as the fixtures start theirs."""
+    return testing.start_redis(
+        *module_args,
         module=module,
         renamed=renamed,
+        extra_args=("--enable-debug-command", "yes"),
+        module_candidates=MODULE_CANDIDATES,
     )
-    server.start(*module_args)
-    return server
-
-
-def stop_redis(server: RedisServer) -> None:
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    server = start_redis()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(server.dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def managed_server() -> Iterator[RedisServer]:
-    """A server as a managed service runs it: no module, ``MODULE`` renamed
-    away; the clients load the library into it."""
-    server = start_redis(module=False)
-    try:
-        yield server
-    finally:
-        stop_redis(server)
-
-
-@pytest.fixture
-def fresh_redis() -> Iterator[RedisServer]:
-    """A server of its own, for tests that change its configuration or stop it."""
-    server = start_redis()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(server.dir, ignore_errors=True)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -238,75 +101,54 @@ def key() -> str:
 
 # ---------------------------------------------------------------- Postgres
 
-ADMIN_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def _with_db(url: str, name: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{name}"
+ADMIN_URL = testing.admin_url()
+MIGRATIONS = REPO / "crates/idem-writer/migrations"
 
 
 def migrations() -> list[Path]:
     """The writer's migrations for the unpartitioned layout, in order."""
-    files = sorted((REPO / "crates/idem-writer/migrations").glob("*.sql"))
+    files = sorted(MIGRATIONS.glob("*.sql"))
     return [f for f in files if "partitioned" not in f.name]
 
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A database of its own with ``idempotency_keys``, dropped at the end."""
-    name = f"idem_py_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = _with_db(ADMIN_URL, name)
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            for migration in migrations():
-                conn.execute(migration.read_text())  # type: ignore[call-overload]
+    with testing.database("idem_py_", lambda url: testing.run_sql_files(url, migrations())) as url:
         yield url
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _setup(url: str, layout: str, daily: bool) -> None:
+    files = sorted(MIGRATIONS.glob("*.sql"))
+    first = "0001_idempotency_keys_partitioned.sql" if layout == "partitioned" else None
+    chosen = [f for f in files if not f.name.startswith("0001_")]
+    chosen.insert(0, MIGRATIONS / (first or "0001_idempotency_keys.sql"))
+    testing.run_sql_files(url, chosen)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, amount INT)"
+        )
+        if daily:
+            # A partition per UTC day, today to today + 3, as the writer
+            # makes them: a row whose expires_at changes day moves.
+            for day in range(4):
+                conn.execute(
+                    f"CREATE TABLE idempotency_keys_d{day} PARTITION OF idempotency_keys"
+                    f" FOR VALUES FROM (date_trunc('day', now() AT TIME ZONE 'UTC')"
+                    f" AT TIME ZONE 'UTC' + interval '{day} days')"
+                    f" TO (date_trunc('day', now() AT TIME ZONE 'UTC')"
+                    f" AT TIME ZONE 'UTC' + interval '{day + 1} days')"
+                )
+        elif layout == "partitioned":
+            conn.execute(
+                "CREATE TABLE idempotency_keys_all PARTITION OF idempotency_keys"
+                " FOR VALUES FROM (MINVALUE) TO ('9999-12-31 00:00:00+00')"
+            )
 
 
 def _database(layout: str, daily: bool = False) -> Iterator[str]:
-    name = f"idem_py_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = _with_db(ADMIN_URL, name)
-    try:
-        files = sorted((REPO / "crates/idem-writer/migrations").glob("*.sql"))
-        first = "0001_idempotency_keys_partitioned.sql" if layout == "partitioned" else None
-        chosen = [f for f in files if not f.name.startswith("0001_")]
-        chosen.insert(
-            0, REPO / "crates/idem-writer/migrations" / (first or "0001_idempotency_keys.sql")
-        )
-        with psycopg.connect(url, autocommit=True) as conn:
-            for migration in chosen:
-                conn.execute(migration.read_text())  # type: ignore[call-overload]
-            conn.execute(
-                "CREATE TABLE payments (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, amount INT)"
-            )
-            if daily:
-                # A partition per UTC day, today to today + 3, as the writer
-                # makes them: a row whose expires_at changes day moves.
-                for day in range(4):
-                    conn.execute(
-                        f"CREATE TABLE idempotency_keys_d{day} PARTITION OF idempotency_keys"
-                        f" FOR VALUES FROM (date_trunc('day', now() AT TIME ZONE 'UTC')"
-                        f" AT TIME ZONE 'UTC' + interval '{day} days')"
-                        f" TO (date_trunc('day', now() AT TIME ZONE 'UTC')"
-                        f" AT TIME ZONE 'UTC' + interval '{day + 1} days')"
-                    )
-            elif layout == "partitioned":
-                conn.execute(
-                    "CREATE TABLE idempotency_keys_all PARTITION OF idempotency_keys"
-                    " FOR VALUES FROM (MINVALUE) TO ('9999-12-31 00:00:00+00')"
-                )
+    with testing.database("idem_py_", lambda url: _setup(url, layout, daily)) as url:
         yield url
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

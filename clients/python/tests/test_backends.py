@@ -25,9 +25,10 @@ import idem
 import idem.asyncio
 from idem import _spec, errors
 from idem.backend import Backend, library, outbox
+from idem.testing import RedisServer, stop_redis
 from idem.types import InFlight, New, Replay, StoredResponse
 
-from conftest import RedisServer, key, start_redis, stop_redis
+from conftest import key, start_redis
 
 RESPONSE = StoredResponse.of(201, b'{"id":1}', [("content-type", "application/json")])
 FINGERPRINT = bytes(range(200, 232))

@@ -18,9 +18,10 @@ import redis.asyncio as aredis
 import idem
 import idem.asyncio
 from idem import errors
+from idem.testing import RedisServer, free_port
 from idem.types import InFlight, Mismatch, New, Replay, StoredResponse
 
-from conftest import RedisServer, free_port, key
+from conftest import key
 
 RESPONSE = StoredResponse.of(201, b'{"id":1}', [("content-type", "application/json")])
 

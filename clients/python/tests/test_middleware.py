@@ -26,8 +26,9 @@ import idem
 import idem.asyncio
 from idem.canonical_json import canonicalize
 from idem.middleware import IdempotencyContext, IdempotencyMiddleware
+from idem.testing import RedisServer, free_port, stop_redis
 
-from conftest import RedisServer, free_port, start_redis, stop_redis
+from conftest import start_redis
 
 HTTP = json.loads((Path(__file__).resolve().parents[3] / "spec/http.json").read_text())
 PROBLEMS = HTTP["problems"]

@@ -14,9 +14,10 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 import idem
 import idem.asyncio
 from idem import errors
+from idem.testing import free_port
 from idem.types import InFlight, Mismatch, New, Replay, StoredResponse
 
-from conftest import Blackhole, free_port, key
+from conftest import Blackhole, key
 
 STORED = StoredResponse(201, b'{"id":"pay_1"}', (("content-type", b"application/json"),))
 
