@@ -476,7 +476,7 @@ mod tests {
             .args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => b.to_vec(),
-                redis::Arg::Cursor => Vec::new(),
+                _ => Vec::new(),
             })
             .collect();
         let outbox = outbox_key(b"idem:{acct}:k");
