@@ -170,3 +170,12 @@ fn pending_counts_the_librarys_outboxes() {
         "{text}"
     );
 }
+
+#[test]
+fn status_names_the_module_where_it_is_loaded() {
+    let server = idem_testkit::RedisServer::start();
+    let (code, status) = idem_json(&["functions", "status", "--redis", &server.url()]);
+    assert_eq!(code, 0, "{status}");
+    assert_eq!(status["nodes"][0]["backend"], "module", "{status}");
+    assert_eq!(status["nodes"][0]["module"], true);
+}

@@ -351,3 +351,41 @@ async fn a_library_cluster_is_mirrored_through_a_reshard() {
         assert_eq!(metric(&text, &series), Some(1.0), "{series}");
     }
 }
+
+/// A node running neither is reported (`backend="none"`, `/healthz` 503)
+/// and asked again; once the library is loaded it is mirrored. A node with
+/// the module is found to run the module.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_is_asked_of_each_node_until_it_has_one() {
+    let _serial = SERIAL.lock().await;
+    let plain = idem_testkit::cluster::library::start_plain(&[]);
+    let module = idem_testkit::RedisServer::start();
+    let db = PgDatabase::create();
+    migrate(&db.url).await;
+    let pg = connect_pg(&db.url).await;
+    let writer = WriterProcess::start(&[plain.url(), module.url()], &db.url, &FLAGS);
+    let backend = |port: u16, backend: &str| {
+        format!("idem_writer_node_backend{{node=\"127.0.0.1:{port}/0\",backend=\"{backend}\"}}")
+    };
+    let reported = wait_until(Duration::from_secs(20), || {
+        let text = writer.http_get("/metrics").1;
+        let none = metric(&text, &backend(plain.port, "none"));
+        let found = metric(&text, &backend(module.port, "module"));
+        async move { none == Some(1.0) && found == Some(1.0) }
+    })
+    .await;
+    assert!(reported, "{}", writer.http_get("/metrics").1);
+    assert_eq!(writer.http_get("/healthz").0, 503);
+
+    let mut conn = plain.conn();
+    idem_testkit::cluster::library::load_library(&mut conn);
+    let expected = complete_keys_lib(&mut conn, &keys("late", 0..50), 3600).expect("complete");
+    let drained = wait_library_drained(&mut conn, &pg, 50, Duration::from_secs(30)).await;
+    assert!(drained, "not drained:\n{}", writer.log_tail());
+    let keys: Vec<String> = expected.iter().map(|c| c.key.clone()).collect();
+    assert_rows_match(&pg, &records_lib(&mut conn, &keys), &expected).await;
+    let text = writer.http_get("/metrics").1;
+    assert_eq!(metric(&text, &backend(plain.port, "functions")), Some(1.0));
+    assert_eq!(metric(&text, &backend(plain.port, "none")), Some(0.0));
+    assert_eq!(writer.http_get("/healthz").0, 200);
+}
