@@ -117,6 +117,8 @@ pub struct Sweeper {
     slots_read_at: Option<Instant>,
     /// How long the slots are trusted (a reshard moves them).
     slots_refresh: Duration,
+    /// Not a cluster node: it serves every slot for good.
+    standalone: bool,
     /// Slots that had due members, read again before anything else.
     hot: VecDeque<u16>,
     in_hot: Vec<bool>,
@@ -134,6 +136,7 @@ impl Sweeper {
             slots: Vec::new(),
             slots_read_at: None,
             slots_refresh,
+            standalone: false,
             hot: VecDeque::new(),
             in_hot: vec![false; usize::from(SLOTS)],
             next_sweep: Instant::now(),
@@ -157,7 +160,7 @@ impl Sweeper {
         loop {
             let stale = self
                 .slots_read_at
-                .is_none_or(|at| at.elapsed() >= self.slots_refresh);
+                .is_none_or(|at| !self.standalone && at.elapsed() >= self.slots_refresh);
             if stale {
                 self.read_slots(node).await?;
             }
@@ -192,7 +195,10 @@ impl Sweeper {
     /// ranges `CLUSTER SLOTS` gives to `CLUSTER MYID`.
     async fn read_slots(&mut self, node: &mut RedisNode) -> RedisResult<()> {
         let slots = match node.query_cmd(redis::cmd("CLUSTER").arg("MYID")).await {
-            Err(e) if e.code().is_some() => (0..SLOTS).collect(),
+            Err(e) if e.code().is_some() => {
+                self.standalone = true;
+                (0..SLOTS).collect()
+            }
             Err(e) => return Err(e),
             Ok(id) => {
                 let id = text(&id).unwrap_or_default();
