@@ -6,6 +6,7 @@
 
 mod cleanup;
 mod exit;
+mod functions;
 mod inspect;
 mod output;
 mod pending;
@@ -25,7 +26,7 @@ use crate::exit::Failure;
 #[command(
     name = "idem",
     version,
-    about = "Operate idem: inspect, release, pending, cleanup, remirror"
+    about = "Operate idem: inspect, release, pending, cleanup, remirror, functions"
 )]
 struct Cli {
     /// Print JSON instead of text (one document on stdout, also for errors).
@@ -115,6 +116,30 @@ enum Command {
         /// Report what would be written, write nothing.
         #[arg(long)]
         dry_run: bool,
+    },
+    /// The Functions library, for a Redis that refuses MODULE LOAD.
+    Functions {
+        #[command(subcommand)]
+        command: FunctionsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum FunctionsCommand {
+    /// Loads (FUNCTION LOAD REPLACE) the library on every node; prints
+    /// the version each now runs.
+    Load {
+        #[command(flatten)]
+        redis: RedisNodes,
+        /// The library's source.
+        #[arg(long, value_name = "PATH", default_value = "functions/idem.lua")]
+        file: std::path::PathBuf,
+    },
+    /// What each node runs: the module, the library (its version), or
+    /// neither.
+    Status {
+        #[command(flatten)]
+        redis: RedisNodes,
     },
 }
 
@@ -264,5 +289,11 @@ async fn run(cli: Cli) -> Result<output::Outcome, Failure> {
             let since = output::parse_time(&since).map_err(Failure::Usage)?;
             remirror::run(since, &redis.urls, &postgres.url, &pattern, dry_run).await
         }
+        Command::Functions {
+            command: FunctionsCommand::Load { redis, file },
+        } => functions::load(&redis.urls, &file).await,
+        Command::Functions {
+            command: FunctionsCommand::Status { redis },
+        } => functions::status(&redis.urls).await,
     }
 }

@@ -45,6 +45,17 @@ pub async fn run(urls: &[String], keys: Option<usize>, pattern: &str) -> Result<
 async fn node(url: &str, keys: Option<usize>, pattern: &str) -> anyhow::Result<Value> {
     let mut conn = redis_side::connect(url).await?;
     let idem = redis_side::info(&mut conn, "idem").await?;
+    if !idem.iter().any(|(n, _)| n.ends_with(PENDING)) {
+        // No module: the Functions library's outboxes, when it is loaded.
+        if let Some(mut doc) = crate::functions::pending(&mut conn).await? {
+            doc["node"] = json!(redis_side::redact(url));
+            doc["role"] = json!(role(&mut conn).await?);
+            if keys.is_some() {
+                doc["keys_note"] = json!("--keys lists module records only");
+            }
+            return Ok(doc);
+        }
+    }
     let field = |name: &str| -> anyhow::Result<u64> {
         idem.iter()
             .find(|(n, _)| n.ends_with(name))
@@ -52,12 +63,7 @@ async fn node(url: &str, keys: Option<usize>, pattern: &str) -> anyhow::Result<V
             .ok_or_else(|| anyhow::anyhow!("INFO idem has no {name}: is the idem module loaded?"))
     };
     let (pending, oldest_ms, acks) = (field(PENDING)?, field(OLDEST_MS)?, field(ACKS)?);
-    let replication = redis_side::info(&mut conn, "replication").await?;
-    let role = replication
-        .iter()
-        .find(|(n, _)| n == "role")
-        .map_or("unknown", |(_, v)| v.as_str())
-        .to_string();
+    let role = role(&mut conn).await?;
     let mut doc = json!({
         "node": redis_side::redact(url),
         "role": role,
@@ -92,6 +98,16 @@ async fn node(url: &str, keys: Option<usize>, pattern: &str) -> anyhow::Result<V
     Ok(doc)
 }
 
+/// The node's `role` from `INFO replication`.
+async fn role(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<String> {
+    let replication = redis_side::info(conn, "replication").await?;
+    Ok(replication
+        .iter()
+        .find(|(n, _)| n == "role")
+        .map_or("unknown", |(_, v)| v.as_str())
+        .to_string())
+}
+
 fn table(nodes: &[Value], total: u64, oldest: Option<u64>) -> String {
     let mut out = format!(
         "{:<32}{:<8}{:>10}  {:<16}{:>10}\n",
@@ -113,7 +129,10 @@ fn table(nodes: &[Value], total: u64, oldest: Option<u64>) -> String {
             } else {
                 age(oldest)
             },
-            node["acks"],
+            match &node["acks"] {
+                Value::Null => "-".to_string(),
+                acks => acks.to_string(),
+            },
         ));
         for key in node["keys"].as_array().into_iter().flatten() {
             out.push_str(&format!(

@@ -12,6 +12,8 @@ use redis::Value;
 
 use crate::{eventually, free_port, scratch_dir, RedisConfig, RedisServer};
 
+pub mod library;
+
 /// A local Redis Cluster; `nodes[i]` may be killed or added while it runs.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,

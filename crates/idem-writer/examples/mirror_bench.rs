@@ -1,7 +1,9 @@
 //! Mirror benchmark: writer throughput against the raw cost of the same
 //! upserts issued straight to Postgres (same run, same rows), and the lag
 //! from COMPLETE to the committed row at a steady completion rate.
-//! Run through `scripts/bench-mirror.sh`.
+//! Run through `scripts/bench-mirror.sh`. With `--functions` the server
+//! runs the Functions library instead of the module (no throughput rounds:
+//! only the lag phase, completing through FCALL).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -43,11 +45,20 @@ struct Args {
     /// Redis appendfsync: `no` (no AOF), `everysec` or `always`.
     #[arg(long, default_value = "no")]
     appendfsync: String,
+    /// A server without the module, running functions/idem.lua; lag phase only.
+    #[arg(long)]
+    functions: bool,
+    /// With --functions: the writer's sweep interval (ms).
+    #[arg(long, default_value_t = 1000)]
+    sweep_interval_ms: u64,
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.functions {
+        return functions_lag(&args).await;
+    }
     let redis = match args.appendfsync.as_str() {
         "no" => RedisServer::start(),
         "always" => RedisConfig::default().aof_always().start(),
@@ -123,7 +134,35 @@ async fn main() -> anyhow::Result<()> {
     );
 
     reset_table(&pg).await?;
-    let lags = lag_phase(&redis, &mut conn, &db.url, &args).await?;
+    let config = writer_config(&redis, &db.url, args.batch_size);
+    let lags = lag_phase(config, &mut conn, &db.url, &args).await?;
+    print_lags(&args, &lags);
+    Ok(())
+}
+
+/// `--functions`: the lag phase against a server running the library.
+async fn functions_lag(args: &Args) -> anyhow::Result<()> {
+    let redis = idem_testkit::cluster::library::start_with_library();
+    let db = PgDatabase::create();
+    let mut migrate_client = idem_writer::connect(&db.url).await?;
+    idem_writer::migrate(&mut migrate_client).await?;
+    let mut conn = redis.async_conn().await;
+    println!("idem mirror benchmark, Functions library");
+    println!(
+        "  redis-server {} without the module, {}, sweep interval {} ms",
+        redis.url(),
+        idem_testkit::cluster::library::library_path().display(),
+        args.sweep_interval_ms
+    );
+    let mut config = writer_config(&redis, &db.url, args.batch_size);
+    config.backend = idem_writer::Backend::Functions;
+    config.sweep_interval = Duration::from_millis(args.sweep_interval_ms);
+    let lags = lag_phase(config, &mut conn, &db.url, args).await?;
+    print_lags(args, &lags);
+    Ok(())
+}
+
+fn print_lags(args: &Args, lags: &[f64]) {
     println!(
         "\nlag COMPLETE -> committed row at {} completions/s for {} s ({} completions)",
         args.lag_rate,
@@ -132,12 +171,11 @@ async fn main() -> anyhow::Result<()> {
     );
     println!(
         "  LAG p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms (target <= 100 ms), max {:.1} ms",
-        percentile(&lags, 0.50),
-        percentile(&lags, 0.90),
-        percentile(&lags, 0.99),
-        percentile(&lags, 1.0)
+        percentile(lags, 0.50),
+        percentile(lags, 0.90),
+        percentile(lags, 0.99),
+        percentile(lags, 1.0)
     );
-    Ok(())
 }
 
 /// Empties the table and checkpoints, so each phase starts alike.
@@ -277,7 +315,7 @@ async fn pending(conn: &mut MultiplexedConnection) -> anyhow::Result<i64> {
 /// from sending COMPLETE to Postgres announcing the committed row (NOTIFY
 /// is delivered at commit). Lags in ms.
 async fn lag_phase(
-    redis: &RedisServer,
+    config: WriterConfig,
     conn: &mut MultiplexedConnection,
     database_url: &str,
     args: &Args,
@@ -304,12 +342,9 @@ async fn lag_phase(
         .await?;
 
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let writer = tokio::spawn(idem_writer::run(
-        writer_config(redis, database_url, args.batch_size),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let writer = tokio::spawn(idem_writer::run(config, async {
+        let _ = stopped.await;
+    }));
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let ticks_per_second = 100;
@@ -327,7 +362,12 @@ async fn lag_phase(
             .collect();
         let mut begin = redis::pipe();
         for key in &keys {
-            begin.cmd("IDEM.BEGIN").arg(key).arg(key).arg(3600);
+            if args.functions {
+                begin.cmd("FCALL").arg("idem_begin").arg(1);
+            } else {
+                begin.cmd("IDEM.BEGIN");
+            }
+            begin.arg(key).arg(key).arg(3600);
         }
         let replies: Vec<Value> = begin.query_async(conn).await?;
         let mut complete = redis::pipe();
@@ -338,9 +378,18 @@ async fn lag_phase(
             let Some(Value::Int(token)) = items.get(1) else {
                 anyhow::bail!("BEGIN {key}: {reply:?}")
             };
+            if args.functions {
+                let outbox = idem_core::functions::outbox_key(key.as_bytes());
+                complete
+                    .cmd("FCALL")
+                    .arg("idem_complete")
+                    .arg(2)
+                    .arg(key)
+                    .arg(outbox);
+            } else {
+                complete.cmd("IDEM.COMPLETE").arg(key);
+            }
             complete
-                .cmd("IDEM.COMPLETE")
-                .arg(key)
                 .arg(*token)
                 .arg(201)
                 .arg(vec![b'x'; args.body_bytes]);

@@ -56,6 +56,40 @@ pub struct WriterConfig {
     /// retried (commit and acknowledge) before the writer gives up on it;
     /// given-up records stay pending in Redis and are mirrored later.
     pub shutdown_grace: Duration,
+    /// What each node runs: detected per node (`Auto`), or forced.
+    pub backend: Backend,
+    /// Functions library: how often every slot a node serves is read for
+    /// due outbox members; slots that had some are read again at once.
+    pub sweep_interval: Duration,
+}
+
+/// How a node keeps its records: the module (`IDEM.MIRROR.PULL`), or the
+/// Functions library (`functions/idem.lua`, a per-slot outbox).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// Asks each node: the module when `IDEM.MIRROR.PULL` exists, else the
+    /// library when `idem_version` answers.
+    #[default]
+    Auto,
+    /// Every node runs the module.
+    Module,
+    /// Every node runs the Functions library.
+    Functions,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "module" => Ok(Backend::Module),
+            "functions" => Ok(Backend::Functions),
+            other => Err(format!(
+                "unknown backend {other:?} (auto | module | functions)"
+            )),
+        }
+    }
 }
 
 impl WriterConfig {
@@ -79,6 +113,8 @@ impl WriterConfig {
             retry_max: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
+            backend: Backend::Auto,
+            sweep_interval: Duration::from_secs(1),
         }
     }
 
@@ -96,6 +132,10 @@ impl WriterConfig {
         ensure_config(
             self.block < self.claim,
             "the pull's block time must be shorter than the claim",
+        )?;
+        ensure_config(
+            !self.sweep_interval.is_zero(),
+            "the sweep interval must be positive",
         )?;
         ensure_config(
             self.cleanup_batch_size > 0,

@@ -52,7 +52,7 @@ mod writer;
 pub use postgres::{cleanup, partitions, store};
 
 pub use cleanup::Cleaned;
-pub use config::WriterConfig;
+pub use config::{Backend, WriterConfig};
 pub use duration::parse_duration;
 pub use error::{Error, Result};
 pub use mirror::record::{MirrorRecord, NEVER_EXPIRES_MS};

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use idem_core::args::MAX_PULL;
 use idem_writer::partitions::DEFAULT_DAYS_AHEAD;
-use idem_writer::{parse_duration, Layout, Topology, WriterConfig};
+use idem_writer::{parse_duration, Backend, Layout, Topology, WriterConfig};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
@@ -136,6 +136,12 @@ struct RunArgs {
     /// After SIGTERM, how long the batch in hand may still be retried.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     shutdown_grace: Duration,
+    /// What the nodes run: auto (asked per node), module, or functions (the Functions library, for a Redis that refuses MODULE LOAD).
+    #[arg(long, env = "IDEM_BACKEND", default_value = "auto")]
+    backend: Backend,
+    /// Functions library: how often every slot's outbox is read; slots that had due records are read again at once.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    sweep_interval: Duration,
 }
 
 #[derive(Args)]
@@ -229,6 +235,8 @@ fn writer_config(args: RunArgs) -> WriterConfig {
     config.metrics_addr = args.metrics_addr;
     config.info_interval = args.info_interval;
     config.shutdown_grace = args.shutdown_grace;
+    config.backend = args.backend;
+    config.sweep_interval = args.sweep_interval;
     config
 }
 

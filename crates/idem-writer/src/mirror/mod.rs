@@ -6,6 +6,7 @@
 //! retired (it stops pulling, still commits and acknowledges the batches in
 //! hand, and gives up on them after the grace period).
 
+pub(crate) mod functions;
 pub(crate) mod node;
 pub(crate) mod record;
 pub(crate) mod redis_node;

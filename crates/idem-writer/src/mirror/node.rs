@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::backoff::{sleep_unless, Backoff};
-use crate::config::WriterConfig;
+use crate::config::{Backend, WriterConfig};
+use crate::mirror::functions::{detect, NodeBackend, Sweeper};
 use crate::mirror::record::{parse_pull_reply, MirrorRecord, RecordError, Rejected};
 use crate::mirror::redis_node::RedisNode;
 use crate::ops::metrics::{ErrorKind, Metrics, NodeMetrics};
@@ -58,12 +59,26 @@ struct Context {
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
     suspect_topology: Arc<Notify>,
+    /// The node runs the Functions library (acknowledged with
+    /// `idem_mirror_ack`).
+    functions: bool,
 }
 
 impl NodeLoop {
     /// Runs until shutdown: pulling stops at `stop`; every batch already
     /// pulled is still committed and acknowledged unless `abort` comes first.
-    pub async fn run(self) {
+    /// First finds out what the node runs (module or Functions library).
+    pub async fn run(mut self) {
+        let Some(backend) = self.backend().await else {
+            return;
+        };
+        let sweeper = (backend == NodeBackend::Functions).then(|| {
+            Sweeper::new(
+                self.config.sweep_interval,
+                self.config.topology_interval,
+                self.node.clone(),
+            )
+        });
         let ctx = Context {
             label: self.pull_node.label().to_string(),
             node: self.node,
@@ -71,11 +86,12 @@ impl NodeLoop {
             metrics: self.metrics,
             shutdown: self.shutdown,
             suspect_topology: self.suspect_topology,
+            functions: backend == NodeBackend::Functions,
         };
         let (batches, batches_rx) = mpsc::channel(1);
         let (committed, committed_rx) = mpsc::channel(1);
         tokio::join!(
-            pull_batches(&ctx, self.pull_node, batches),
+            pull_batches(&ctx, self.pull_node, sweeper, batches),
             commit_batches(&ctx, &self.pool, batches_rx, committed),
             acknowledge_batches(&ctx, self.ack_node, committed_rx),
         );
@@ -83,9 +99,69 @@ impl NodeLoop {
     }
 }
 
+impl NodeLoop {
+    /// The node's backend, as configured or as the node answers; asked
+    /// again with backoff while the node is unreachable or runs neither.
+    /// `None` at shutdown.
+    async fn backend(&mut self) -> Option<NodeBackend> {
+        let label = self.pull_node.label().to_string();
+        let all = NodeBackend::ALL.map(NodeBackend::label);
+        let set = |backend: NodeBackend| self.metrics.set_backend(&label, backend.label(), &all);
+        match self.config.backend {
+            Backend::Module => {
+                set(NodeBackend::Module);
+                return Some(NodeBackend::Module);
+            }
+            Backend::Functions => {
+                set(NodeBackend::Functions);
+                return Some(NodeBackend::Functions);
+            }
+            Backend::Auto => {}
+        }
+        let mut backoff = Backoff::new(self.config.retry_initial, self.config.retry_max);
+        let mut warned = false;
+        loop {
+            match detect(&mut self.pull_node).await {
+                Ok((NodeBackend::None, _)) => {
+                    set(NodeBackend::None);
+                    self.node.up.set(0);
+                    if !warned {
+                        warn!(
+                            node = label,
+                            "the node runs neither the idem module nor the Functions library; \
+                             asking again"
+                        );
+                        warned = true;
+                    }
+                }
+                Ok((backend, version)) => {
+                    set(backend);
+                    info!(node = label, backend = backend.label(), ?version, "backend");
+                    return Some(backend);
+                }
+                Err(error) => {
+                    self.metrics.error(ErrorKind::RedisConnect);
+                    self.suspect_topology.notify_one();
+                    self.node.up.set(0);
+                    warn!(node = label, %error, "Redis failed; retrying");
+                }
+            }
+            if !sleep_unless(&self.shutdown.stop, backoff.next_delay()).await {
+                return None;
+            }
+        }
+    }
+}
+
 /// The puller: reserves the channel's slot, then pulls, so that it never
-/// holds more than the one batch it hands over.
-async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<Batch>) {
+/// holds more than the one batch it hands over. With a `sweeper` (the
+/// Functions library) its sweep stands in for `IDEM.MIRROR.PULL`.
+async fn pull_batches(
+    ctx: &Context,
+    mut node: RedisNode,
+    mut sweeper: Option<Sweeper>,
+    batches: mpsc::Sender<Batch>,
+) {
     let config = &ctx.config;
     let mut backoff = Backoff::new(config.retry_initial, config.retry_max);
     while !ctx.shutdown.stop.is_cancelled() {
@@ -103,10 +179,18 @@ async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<
             }
             continue;
         }
-        let reply = match node
-            .pull(config.batch_size, config.claim, config.block)
-            .await
-        {
+        let pulled = match sweeper.as_mut() {
+            Some(sweeper) => {
+                sweeper
+                    .pull(&mut node, config.batch_size, config.claim, config.block)
+                    .await
+            }
+            None => {
+                node.pull(config.batch_size, config.claim, config.block)
+                    .await
+            }
+        };
+        let reply = match pulled {
             Ok(reply) => reply,
             Err(error) => {
                 ctx.redis_failed(ErrorKind::RedisPull, &error);
@@ -122,6 +206,12 @@ async fn pull_batches(ctx: &Context, mut node: RedisNode, batches: mpsc::Sender<
         match parse_pull_reply(&reply) {
             Ok((records, rejected)) => {
                 ctx.report_rejected(rejected);
+                #[cfg(feature = "fault-injection")]
+                if std::env::var("IDEM_WRITER_FAULT").as_deref() == Ok("ack-before-commit") {
+                    let acks: Vec<(&str, i64)> =
+                        records.iter().map(|r| (r.key.as_str(), r.token)).collect();
+                    let _ = node.ack(&acks, ctx.functions).await;
+                }
                 if !records.is_empty() {
                     permit.send(Batch { records, pulled_at });
                 }
@@ -262,7 +352,7 @@ async fn acknowledge(ctx: &Context, node: &mut RedisNode, acks: &[(String, i64)]
     let pairs: Vec<(&str, i64)> = acks.iter().map(|(k, t)| (k.as_str(), *t)).collect();
     let mut backoff = Backoff::new(ctx.config.retry_initial, ctx.config.retry_max);
     loop {
-        match node.ack(&pairs).await {
+        match node.ack(&pairs, ctx.functions).await {
             Ok(acked) => {
                 ctx.node.up.set(1);
                 if acked.superseded > 0 {

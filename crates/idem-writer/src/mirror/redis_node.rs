@@ -100,13 +100,16 @@ impl RedisNode {
     /// is now, and is pulled, upserted (a no-op) and acknowledged there. A
     /// key that refuses its ACK (see `refused`) is skipped too, so that one
     /// key cannot hold up the rest of the mirror.
-    pub async fn ack(&mut self, acks: &[(&str, i64)]) -> RedisResult<Acked> {
+    ///
+    /// On a node running the Functions library (`functions`) each is
+    /// `FCALL idem_mirror_ack 2 key outbox token`, answering alike.
+    pub async fn ack(&mut self, acks: &[(&str, i64)], functions: bool) -> RedisResult<Acked> {
         if acks.is_empty() {
             return Ok(Acked::default());
         }
         let mut pipe = redis::pipe();
         for (key, token) in acks {
-            pipe.add_command(ack_cmd(key, *token));
+            pipe.add_command(ack_cmd(key, *token, functions));
         }
         let result: RedisResult<Vec<i64>> = match self.connection().await {
             Ok(conn) => pipe.query_async(conn).await,
@@ -123,15 +126,15 @@ impl RedisNode {
                 ..Acked::default()
             }),
             // The pipeline's first error hides the other replies: one by one.
-            Err(e) if moved(&e) || refused(&e) => self.ack_each(acks).await,
+            Err(e) if moved(&e) || refused(&e) => self.ack_each(acks, functions).await,
             Err(e) => Err(e),
         }
     }
 
-    async fn ack_each(&mut self, acks: &[(&str, i64)]) -> RedisResult<Acked> {
+    async fn ack_each(&mut self, acks: &[(&str, i64)], functions: bool) -> RedisResult<Acked> {
         let mut acked = Acked::default();
         for (key, token) in acks {
-            let cmd = ack_cmd(key, *token);
+            let cmd = ack_cmd(key, *token, functions);
             let result: RedisResult<i64> = match self.connection().await {
                 Ok(conn) => cmd.query_async(conn).await,
                 Err(e) => Err(e),
@@ -152,6 +155,28 @@ impl RedisNode {
             }
         }
         Ok(acked)
+    }
+
+    /// One command on this connection (dropped after any error).
+    pub async fn query_cmd(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        let result = match self.connection().await {
+            Ok(conn) => cmd.query_async(conn).await,
+            Err(e) => Err(e),
+        };
+        self.forget_on_error(&result);
+        result
+    }
+
+    /// A pipeline on this connection, its replies (with `ignore_errors`,
+    /// an error reply is a `Value::ServerError` among them); the connection
+    /// is dropped after a failure of the pipeline as a whole.
+    pub async fn query_pipe(&mut self, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
+        let result = match self.connection().await {
+            Ok(conn) => pipe.query_async(conn).await,
+            Err(e) => Err(e),
+        };
+        self.forget_on_error(&result);
+        result
     }
 
     /// `(idem_mirror_pending, idem_mirror_oldest_pending_ms)` from `INFO idem`
@@ -211,8 +236,12 @@ fn info_field(text: &str, name: &str) -> Option<i64> {
 }
 
 /// `IDEM.MIRROR.ACK key token` (a negative token, which PULL never hands
-/// out, is sent as 0 and refused by the module).
-fn ack_cmd(key: &str, token: i64) -> redis::Cmd {
+/// out, is sent as 0 and refused by the module), or the library's
+/// `idem_mirror_ack` when `functions`.
+fn ack_cmd(key: &str, token: i64, functions: bool) -> redis::Cmd {
+    if functions {
+        return crate::mirror::functions::ack_cmd(key, token);
+    }
     Ack(KeyToken {
         key: key.as_bytes(),
         token: u64::try_from(token).unwrap_or(0),

@@ -46,6 +46,15 @@ pub mod names {
     pub const TOPOLOGY_LAST_CHANGE: &str = "idem_writer_topology_last_change_timestamp_seconds";
     /// 1 when the last Postgres exchange succeeded.
     pub const POSTGRES_UP: &str = "idem_writer_postgres_up";
+    /// 1 for what the node runs (`node`, `backend`: module | functions |
+    /// none), 0 for the others.
+    pub const NODE_BACKEND: &str = "idem_writer_node_backend";
+    /// Functions library: sweeps of every slot the node serves (`node`).
+    pub const FUNCTIONS_SWEEPS: &str = "idem_writer_functions_sweeps_total";
+    /// Functions library: outbox reads, one per slot read (`node`).
+    pub const FUNCTIONS_SLOT_READS: &str = "idem_writer_functions_slot_reads_total";
+    /// Functions library: records claimed with idem_mirror_claim (`node`).
+    pub const FUNCTIONS_CLAIMED: &str = "idem_writer_functions_claimed_total";
 }
 // ANCHOR_END: names
 
@@ -117,6 +126,12 @@ struct NodeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabel {
+    node: String,
+    backend: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: &'static str,
 }
@@ -149,6 +164,12 @@ pub struct NodeMetrics {
     pub up: Gauge,
     /// 1 while the node is a primary being mirrored now (0 once retired).
     pub mirrored: Gauge,
+    /// Functions library: sweeps of all the node's slots.
+    pub sweeps: Counter,
+    /// Functions library: outbox reads.
+    pub slot_reads: Counter,
+    /// Functions library: records claimed.
+    pub claimed: Counter,
 }
 
 /// The per-node families.
@@ -162,6 +183,10 @@ struct NodeFamilies {
     oldest_pending_ms: Family<NodeLabel, Gauge>,
     up: Family<NodeLabel, Gauge>,
     mirrored: Family<NodeLabel, Gauge>,
+    backend: Family<BackendLabel, Gauge>,
+    sweeps: Family<NodeLabel, Counter>,
+    slot_reads: Family<NodeLabel, Counter>,
+    claimed: Family<NodeLabel, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -210,6 +235,10 @@ impl Metrics {
             oldest_pending_ms: Family::default(),
             up: Family::default(),
             mirrored: Family::default(),
+            backend: Family::default(),
+            sweeps: Family::default(),
+            slot_reads: Family::default(),
+            claimed: Family::default(),
         };
         let errors = Family::<KindLabel, Counter>::default();
         for kind in ErrorKind::ALL {
@@ -263,6 +292,26 @@ impl Metrics {
             NODE_MIRRORED,
             "1 while the node is a primary being mirrored, 0 once retired (failover, shard removed).",
             f.mirrored.clone(),
+        );
+        registry.register(
+            NODE_BACKEND,
+            "1 for what the node runs (backend: module | functions | none), 0 for the others.",
+            f.backend.clone(),
+        );
+        registry.register(
+            counter(FUNCTIONS_SWEEPS),
+            "Functions library: sweeps of every slot the node serves.",
+            f.sweeps.clone(),
+        );
+        registry.register(
+            counter(FUNCTIONS_SLOT_READS),
+            "Functions library: outbox reads (one per slot read).",
+            f.slot_reads.clone(),
+        );
+        registry.register(
+            counter(FUNCTIONS_CLAIMED),
+            "Functions library: records claimed with idem_mirror_claim.",
+            f.claimed.clone(),
         );
         registry.register(
             BATCH_DURATION,
@@ -327,11 +376,29 @@ impl Metrics {
             oldest_pending_ms: f.oldest_pending_ms.get_or_create_owned(&key),
             up: f.up.get_or_create_owned(&key),
             mirrored: f.mirrored.get_or_create_owned(&key),
+            sweeps: f.sweeps.get_or_create_owned(&key),
+            slot_reads: f.slot_reads.get_or_create_owned(&key),
+            claimed: f.claimed.get_or_create_owned(&key),
         });
         node.pending.set(-1);
         node.oldest_pending_ms.set(-1);
         nodes.push(node.clone());
         node
+    }
+
+    /// Sets `idem_writer_node_backend` of `node`: 1 for `backend`, 0 for
+    /// the other `all`.
+    pub fn set_backend(&self, node: &str, backend: &'static str, all: &[&'static str]) {
+        for other in all {
+            let label = BackendLabel {
+                node: node.to_string(),
+                backend: other,
+            };
+            self.families
+                .backend
+                .get_or_create(&label)
+                .set(i64::from(*other == backend));
+        }
     }
 
     /// A snapshot of every node's metrics.
@@ -457,7 +524,16 @@ mod tests {
             .node("n")
             .batch_latency
             .observe(Duration::from_millis(1));
+        metrics.set_backend("n", "functions", &["module", "functions", "none"]);
         let text = metrics.render();
+        assert!(text.contains(&format!(
+            "{}{{node=\"n\",backend=\"functions\"}} 1\n",
+            names::NODE_BACKEND
+        )));
+        assert!(text.contains(&format!(
+            "{}{{node=\"n\",backend=\"module\"}} 0\n",
+            names::NODE_BACKEND
+        )));
         for name in [
             names::RECORDS_MIRRORED,
             names::ROWS_WRITTEN,
@@ -472,6 +548,9 @@ mod tests {
             names::TOPOLOGY_CHANGES,
             names::TOPOLOGY_LAST_CHANGE,
             names::POSTGRES_UP,
+            names::FUNCTIONS_SWEEPS,
+            names::FUNCTIONS_SLOT_READS,
+            names::FUNCTIONS_CLAIMED,
         ] {
             assert!(
                 text.lines()

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod failover;
+pub mod library;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -372,6 +373,16 @@ impl WriterProcess {
     /// come back quickly) unless `extra` sets one, and a metrics address on a
     /// free port.
     pub fn start(redis_urls: &[String], database_url: &str, extra: &[&str]) -> Self {
+        Self::start_env(redis_urls, database_url, extra, &[])
+    }
+
+    /// [`WriterProcess::start`] with extra environment variables.
+    pub fn start_env(
+        redis_urls: &[String],
+        database_url: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let metrics_addr: SocketAddr = format!("127.0.0.1:{}", idem_testkit::free_port())
             .parse()
             .expect("socket address");
@@ -404,6 +415,7 @@ impl WriterProcess {
             .env_remove("REDIS_URL")
             .env_remove("DATABASE_URL")
             .env("RUST_LOG", "idem_writer=info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log_file);
         let child = cmd.spawn().expect("spawn idem-writer");
