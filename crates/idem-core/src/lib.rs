@@ -9,6 +9,7 @@ pub mod codec;
 pub mod engine;
 pub mod error;
 pub mod fingerprint;
+pub mod functions;
 pub mod pending;
 pub mod record;
 pub mod token;
