@@ -49,16 +49,22 @@ mirrored or not completed remove the member.
 Differences from the module (everything else answers the same bytes):
 - WAIT never blocks: the functions answer at once, as the module does inside
   MULTI and Lua (in_flight while the lease is alive).
-- No configs: lease-ms 30000, max-ttl 2592000 s, max-body-bytes 1048576 are
-  the module's defaults, as constants (nothing is read with CONFIG).
+- No configs: lease-ms 30000, max-ttl 2592000 s, max-body-bytes 1048576,
+  max-headers 256 and mirror-max-claim-ms 300000 are the module's
+  defaults, as constants (nothing is read with CONFIG).
 - No INFO idem, no IDEM.MIRROR.PULL (idem_mirror_claim takes the keys the
-  writer found due in one slot's outbox instead) and no BLOCK.
-- Tokens are max(last + 1, now_ms * 1000) per key, not per node: `last` is
-  the token the key holds (a record or an abort's tombstone). Across expiry
-  and reuse tokens grow through the clock (a TTL is at least a second), as
-  with the module; but there is no node-wide clock to jump past tokens a
-  failed primary issued: after a failover to a replica whose clock is behind
-  by more than a record's lifetime, a reused key can see a smaller token.
+  writer found due in one slot's outbox instead, and answers their entries
+  in the order of its keys) and no BLOCK.
+- Tokens are max(last + 1, now_ms * 1000) with `last` the token the key
+  holds (its record, or an abort's tombstone), not the node's last token:
+  they only grow per key, and two keys can hold the same token (the
+  module's are unique on the node). A key that expired or was deleted has
+  no last: its next token rests on the clock, and is larger since a record
+  lives a second at least, unless the key was deleted (DEL, not ABORT)
+  within the millisecond of its token or the clock stepped back. There is
+  no jump after a failover (the module's JUMP_MS): a replica promoted with
+  a clock behind the old primary's can issue a token a holder on the lost
+  primary had, for a key whose record it never received.
 - IDEM.ABORT deletes the record; idem_abort leaves a tombstone (state
   aborted, the last token) that expires a second after that token's
   millisecond, so a BEGIN right after the abort still issues a larger token.
@@ -66,12 +72,19 @@ Differences from the module (everything else answers the same bytes):
 - The outbox is a sorted set per slot that the caller names; the module
   keeps one index per database in memory. Keys deleted, renamed or expired
   behind idem's back leave their member until a claim meets it.
-- OOM: write functions carry allow-oom, and BEGIN (of a new record) and
-  COMPLETE check used memory against maxmemory themselves with INFO memory,
-  as the module does (a replay, 409 or 422 still answers at maxmemory). A
-  failed INFO counts as enough memory.
-- A fingerprint that is not 32 bytes is hashed in Lua (slower than the
-  module's native SHA-256, for long fingerprints notably).
+- OOM: idem_complete has no allow-oom flag, so Redis refuses it above
+  maxmemory with the very error it gives the module's deny-oom COMPLETE.
+  The other write functions carry allow-oom, and BEGIN of a new record
+  checks used memory against maxmemory itself with INFO memory, as the
+  module does (a replay, 409 or 422 still answers at maxmemory). A reading
+  well below maxmemory (under 90%) is reused for up to 100 ms, so a jump of
+  over a tenth of maxmemory within that time goes unseen for as long; a
+  refused INFO counts as enough memory. The scripts form (no flags) checks
+  with INFO on every new record and every COMPLETE.
+- SHA-256 runs in Lua, at some 0.1 ms of the server per 64 bytes: every
+  BEGIN with a fingerprint that is not 32 bytes pays it (the module hashes
+  natively), and so do IDEM.GET and each claimed entry, which show the
+  digest of a fingerprint kept as sent. Clients should send 32 bytes.
 ]]
 
 local VERSION = 1
@@ -80,6 +93,9 @@ local VERSION = 1
 local DEFAULT_LEASE_MS = 30000
 local MAX_TTL_SECS = 2592000
 local MAX_BODY_BYTES = 1048576
+local MAX_HEADERS = 256
+local HEADER_OVERHEAD = 32 -- bytes each header counts besides its own
+local MAX_CLAIM_MS = 300000 -- the module's mirror-max-claim-ms
 local MAX_MS = 31622400000 -- 366 days
 local TOKEN_LIMIT = 9007199254740992 -- 2^53
 local TIME_LIMIT_MS = 9007199254740 -- 2^53 / 1000: no token after that
@@ -130,12 +146,17 @@ local function strip(d)
   return d
 end
 
--- Compares two stripped decimal strings.
+-- Compares two stripped decimal strings of up to 20 digits (by value: Lua
+-- compares strings with strcoll, which follows the server's locale).
 local function less(a, b)
   if #a ~= #b then
     return #a < #b
   end
-  return a < b
+  local ha, hb = tonumber(string.sub(a, 1, 10)), tonumber(string.sub(b, 1, 10))
+  if ha ~= hb then
+    return ha < hb
+  end
+  return (tonumber(string.sub(a, 11)) or 0) < (tonumber(string.sub(b, 11)) or 0)
 end
 
 -- A strict unsigned decimal (`args::uint`): the stripped digits.
@@ -263,9 +284,13 @@ local function read32(s, at)
   return ((a * 256 + b) * 256 + c) * 256 + d
 end
 
+-- Each `bit` call costs about 0.1 us (a C call): a 64-byte block takes
+-- some 1400 of them, so the rounds use as few as they can. Sums stay
+-- unnormalised where only `bit` functions (which reduce modulo 2^32) and
+-- further small sums read them.
 local function sha256(msg)
-  local band, bor, bxor, bnot = bit.band, bit.bor, bit.bxor, bit.bnot
-  local rshift, lshift, ror, tobit = bit.rshift, bit.lshift, bit.ror, bit.tobit
+  local band, bor, bxor = bit.band, bit.bor, bit.bxor
+  local rshift, ror, tobit = bit.rshift, bit.ror, bit.tobit
   local byte, floor = string.byte, math.floor
   local bits = #msg * 8
   local pad = (55 - #msg) % 64
@@ -276,32 +301,30 @@ local function sha256(msg)
   for chunk = 1, #msg, 64 do
     for i = 0, 15 do
       local a, b, c, d = byte(msg, chunk + i * 4, chunk + i * 4 + 3)
-      w[i] = bor(lshift(a, 24), lshift(b, 16), lshift(c, 8), d)
+      w[i] = ((a * 256 + b) * 256 + c) * 256 + d
     end
     for i = 16, 63 do
       local x, y = w[i - 15], w[i - 2]
       local s0 = bxor(ror(x, 7), ror(x, 18), rshift(x, 3))
       local s1 = bxor(ror(y, 17), ror(y, 19), rshift(y, 10))
-      w[i] = tobit(w[i - 16] + s0 + w[i - 7] + s1)
+      w[i] = band(w[i - 16] + s0 + w[i - 7] + s1, 0xffffffff)
     end
     local a, b, c, d, e, f, g, h = h0, h1, h2, h3, h4, h5, h6, h7
     for i = 0, 63 do
       local s1 = bxor(ror(e, 6), ror(e, 11), ror(e, 25))
-      local ch = bxor(band(e, f), band(bnot(e), g))
+      local ch = bxor(g, band(e, bxor(f, g)))
       local t1 = h + s1 + ch + K[i + 1] + w[i]
       local s0 = bxor(ror(a, 2), ror(a, 13), ror(a, 22))
-      local maj = bxor(band(a, b), band(a, c), band(b, c))
+      local maj = bor(band(a, b), band(c, bor(a, b)))
       h, g, f, e = g, f, e, tobit(d + t1)
       d, c, b, a = c, b, a, tobit(t1 + s0 + maj)
     end
     h0, h1, h2, h3 = tobit(h0 + a), tobit(h1 + b), tobit(h2 + c), tobit(h3 + d)
     h4, h5, h6, h7 = tobit(h4 + e), tobit(h5 + f), tobit(h6 + g), tobit(h7 + h)
   end
-  local out = {}
-  for i, v in ipairs({ h0, h1, h2, h3, h4, h5, h6, h7 }) do
-    out[i] = be32(v % 4294967296)
-  end
-  return table.concat(out)
+  return be32(h0 % 4294967296) .. be32(h1 % 4294967296) .. be32(h2 % 4294967296)
+    .. be32(h3 % 4294967296) .. be32(h4 % 4294967296) .. be32(h5 % 4294967296)
+    .. be32(h6 % 4294967296) .. be32(h7 % 4294967296)
 end
 
 local function hex(s)
@@ -453,6 +476,16 @@ local function load(key)
   return r, token
 end
 
+-- The outbox must be a sorted set (or nothing yet): checked before any
+-- write, so a call never fails half done.
+local function check_outbox(outbox)
+  local t = redis.call('TYPE', outbox)
+  t = type(t) == 'table' and t.ok or t
+  if t ~= 'zset' and t ~= 'none' then
+    fail(WRONGTYPE)
+  end
+end
+
 local function body(r)
   return string.sub(r.response, 1, r.body_len)
 end
@@ -503,20 +536,32 @@ local function next_token(last, now)
   return math.max(last + 1, now * 1000)
 end
 
+-- The scripts form runs each call afresh and has no flags (see `dispatch`).
+local scripts_form = false
+
+-- The last reading of INFO memory: one that found used memory well below
+-- maxmemory (or none set) stands for MEMORY_FRESH_MS, so a stream of new
+-- records does not pay for INFO each (a library keeps its upvalues between
+-- calls; the scripts form reads every time).
+local MEMORY_FRESH_MS = 100
+local memory_read_at, memory_far = 0, false
+
 -- Used memory (less what eviction does not count) above maxmemory: what
--- makes the module refuse a new record and Redis a deny-oom command.
-local function out_of_memory()
+-- makes the module refuse a new record (RedisModule_GetUsedMemoryRatio > 1).
+local function out_of_memory(now)
+  if memory_far and now >= memory_read_at and now - memory_read_at < MEMORY_FRESH_MS then
+    return false
+  end
   local info = redis.pcall('INFO', 'memory')
   if type(info) ~= 'string' then
-    return false
+    return false -- INFO refused: count it as enough memory
   end
   local max = tonumber(string.match(info, '\nmaxmemory:(%d+)') or '0')
-  if max == 0 then
-    return false
-  end
   local used = tonumber(string.match(info, '\nused_memory:(%d+)') or '0')
   local uncounted = tonumber(string.match(info, '\nmem_not_counted_for_evict:(%d+)') or '0')
-  return used - uncounted > max
+  used = math.max(used - uncounted, 0)
+  memory_read_at, memory_far = now, max == 0 or used < max * 0.9
+  return max > 0 and used > max
 end
 
 ---------------------------------------------------------------------------
@@ -570,10 +615,10 @@ local function begin(keys, args)
 
   local r, last = load(key)
   if not r then
-    if out_of_memory() then
+    local now = now_ms()
+    if out_of_memory(now) then
       fail(OOM)
     end
-    local now = now_ms()
     local token = next_token(last, now)
     local fp_field, fp = 'fp_sent', sent
     if #sent ~= 32 then
@@ -621,8 +666,10 @@ end
 -- IDEM.COMPLETE key token status body [HEADER name value]... [MIRRORED]
 local function complete(keys, args)
   keys_usage(keys, 2, 'FCALL idem_complete 2 key outbox token status body [HEADER name value]... [MIRRORED]')
-  -- deny-oom: Redis refuses the module's command before it parses.
-  if out_of_memory() then
+  -- The module's COMPLETE is deny-oom, and so is this function (it has no
+  -- allow-oom flag): Redis refuses both with the same error before they
+  -- run. The scripts form has no flags, so it checks itself.
+  if scripts_form and out_of_memory(now_ms()) then
     fail(OOM)
   end
   if #args < 3 then
@@ -636,6 +683,9 @@ local function complete(keys, args)
   local i = 4
   while i <= #args do
     if is_word(args[i], 'HEADER') then
+      if #headers / 2 >= MAX_HEADERS then
+        fail('TOOLARGE more than ' .. MAX_HEADERS .. ' headers (max-headers)')
+      end
       local name, value = args[i + 1], args[i + 2]
       if name == nil or value == nil then
         fail('BADARG HEADER needs a name and a value')
@@ -653,7 +703,7 @@ local function complete(keys, args)
       unknown_option(args[i])
     end
   end
-  local size = #content
+  local size = #content + #headers / 2 * HEADER_OVERHEAD
   for j = 1, #headers do
     size = size + #headers[j]
   end
@@ -662,6 +712,9 @@ local function complete(keys, args)
   end
 
   holder(key, token)
+  if not mirrored then
+    check_outbox(outbox)
+  end
   local now = now_ms()
   redis.call('HSET', key, 'state', 'completed', 'response', pack_response(status, content, headers),
     'completed_at', dec(now), 'mirror', mirrored and 'mirrored' or 'pending')
@@ -745,8 +798,9 @@ local function mirror_claim(keys, args)
   if #args ~= 1 then
     usage('FCALL idem_mirror_claim 1+n outbox key... claim-ms')
   end
-  local claim_ms = ranged(args[1], 'claim-ms', '1', dec(MAX_MS))
+  local claim_ms = ranged(args[1], 'claim-ms', '1', dec(MAX_CLAIM_MS))
   local outbox = keys[1]
+  check_outbox(outbox)
   local now = now_ms()
   local out = {}
   for i = 2, #keys do
@@ -783,6 +837,7 @@ local function mirror_ack(keys, args)
     return 0
   end
   if r.mirror == 'pending' then
+    check_outbox(outbox)
     redis.call('HSET', key, 'mirror', 'mirrored')
     redis.call('ZREM', outbox, key)
   end
@@ -796,12 +851,15 @@ end
 ---------------------------------------------------------------------------
 -- Registration (FUNCTION LOAD), or the scripts form's dispatch (EVAL).
 
+-- Flags: the module's commands are not deny-oom but COMPLETE (allow-oom
+-- lets a function run above maxmemory: BEGIN refuses only a new record).
 local WRITES = { 'allow-oom' }
+local DENY_OOM = {}
 local READS = { 'no-writes' }
 
 local FUNCTIONS = {
   idem_begin = { begin, WRITES },
-  idem_complete = { complete, WRITES },
+  idem_complete = { complete, DENY_OOM },
   idem_abort = { abort, WRITES },
   idem_touch = { touch, WRITES },
   idem_get = { get, READS },
@@ -838,6 +896,7 @@ else
   if redis.replicate_commands then
     redis.replicate_commands() -- Redis 6: effects, since TIME decides
   end
+  scripts_form = true
   local args = {}
   for i = 2, #ARGV do
     args[i - 1] = ARGV[i]
