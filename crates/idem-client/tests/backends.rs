@@ -284,3 +284,41 @@ async fn a_cluster_loads_the_library_on_every_primary_and_again_after_a_flush() 
         assert_eq!(again, Outcome::Replay(response.clone()), "{key}");
     }
 }
+
+#[tokio::test]
+async fn without_function_auto_falls_back_to_scripts() {
+    // A Redis 7 whose FUNCTION is renamed away, as some managed services do.
+    let server = BareRedis::start_with(&["--rename-command", "FUNCTION", ""]);
+    let client = IdemClient::standalone(server.client())
+        .await
+        .expect("client");
+    assert_eq!(client.backend(), Backend::Scripts);
+    every_call_survives(&client, || {
+        let _: () = server.cmd(&["SCRIPT", "FLUSH"]).unwrap();
+    })
+    .await;
+    // And with EVAL denied too, nothing is left: refused, saying so.
+    let _: () = server
+        .cmd(&[
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            ">secret",
+            "~*",
+            "&*",
+            "+@all",
+            "-script",
+            "-eval",
+            "-evalsha",
+            "-eval_ro",
+            "-evalsha_ro",
+        ])
+        .unwrap();
+    let url = format!("redis://app:secret@127.0.0.1:{}/", server.port);
+    let refused = IdemClient::standalone(redis::Client::open(url).unwrap()).await;
+    let Err(error @ IdemError::NotInstalled(_)) = refused else {
+        panic!("{refused:?}");
+    };
+    assert!(error.to_string().contains("SCRIPT LOAD"), "{error}");
+}
