@@ -1,19 +1,22 @@
 //! `IdemClient`: the IDEM.* commands over any async redis-rs connection
 //! (idem's `Pipe`, multiplexed, connection manager, cluster), each call
 //! bounded by a timeout; and COMPLETE with a replica acknowledgement
-//! (`WAIT`) on a dedicated connection.
+//! (`WAIT`) on a dedicated connection. Each command goes to the module, or
+//! to the Functions library's function of the same name where the module is
+//! not loaded (`Backend`).
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::args::{self, Abort, BeginArgs, CompleteArgs, Encode, KeyToken, Touch};
+use idem_core::args::{self, Abort, BeginArgs, Call, CompleteArgs, Encode, KeyToken, Touch};
 use idem_core::wire::ReplayLayout;
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
+use crate::backend::{self, library_missing, Backend, Resolved};
 use crate::call::{bounded, DEFAULT_CALL_TIMEOUT};
 use crate::outcome::ResponseParts;
 use crate::pipe::Pipe;
@@ -57,7 +60,15 @@ pub struct IdemClient<C> {
     /// from before the option refuses it, then off for this client and its
     /// clones.
     packed: Arc<AtomicBool>,
+    /// The module, or the library's functions or scripts.
+    backend: Resolved,
 }
+
+/// On the library, a BEGIN with a wait is polled: again after the holder's
+/// `retry_after`, at most this long at first, the pause doubling up to
+/// `POLL_MAX`, until the wait runs out.
+const POLL_FIRST: Duration = Duration::from_millis(2);
+const POLL_MAX: Duration = Duration::from_millis(50);
 
 impl<C> std::fmt::Debug for IdemClient<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,6 +76,7 @@ impl<C> std::fmt::Debug for IdemClient<C> {
             .field("call_timeout", &self.call_timeout)
             .field("can_wait", &self.wait_connections.is_some())
             .field("packed", &self.packed.load(Ordering::Relaxed))
+            .field("backend", &self.backend.backend())
             .finish_non_exhaustive()
     }
 }
@@ -72,7 +84,8 @@ impl<C> std::fmt::Debug for IdemClient<C> {
 impl IdemClient<StandaloneConnection> {
     /// A client for one Redis server: a [`Pipe`](crate::Pipe) (or, for TLS
     /// and RESP3, redis-rs' `ConnectionManager`) for the ordinary calls and
-    /// dedicated connections for `WAIT`.
+    /// dedicated connections for `WAIT`; the backend found on the server
+    /// (`Backend::Auto`).
     pub async fn standalone(client: redis::Client) -> Result<Self, IdemError> {
         IdemClient::standalone_with(client, Transport::Auto).await
     }
@@ -82,9 +95,22 @@ impl IdemClient<StandaloneConnection> {
         client: redis::Client,
         transport: Transport,
     ) -> Result<Self, IdemError> {
+        IdemClient::standalone_using(client, transport, Backend::Auto).await
+    }
+
+    /// `standalone_with`, calling `backend` (see [`Backend`]); fails with
+    /// `NotInstalled` when the server has no way to run it.
+    pub async fn standalone_using(
+        client: redis::Client,
+        transport: Transport,
+        backend: Backend,
+    ) -> Result<Self, IdemError> {
         let conn = StandaloneConnection::connect(&client, transport).await?;
         let wait = DedicatedConnections::standalone(client);
-        Ok(IdemClient::new(conn).with_wait_connections(Arc::new(wait)))
+        IdemClient::new(conn)
+            .with_wait_connections(Arc::new(wait))
+            .resolve_backend(backend)
+            .await
     }
 }
 
@@ -92,23 +118,43 @@ impl IdemClient<ClusterConnection> {
     /// A client for a Redis Cluster: one cluster connection for the ordinary
     /// calls and dedicated cluster connections for `WAIT`.
     pub async fn cluster(client: redis::cluster::ClusterClient) -> Result<Self, IdemError> {
+        IdemClient::cluster_using(client, Backend::Auto).await
+    }
+
+    /// `cluster`, calling `backend` (see [`Backend`]); the library is
+    /// loaded on every primary.
+    pub async fn cluster_using(
+        client: redis::cluster::ClusterClient,
+        backend: Backend,
+    ) -> Result<Self, IdemError> {
         let conn = client.get_async_connection().await?;
         let wait = DedicatedConnections::cluster(client);
-        Ok(IdemClient::new(conn).with_wait_connections(Arc::new(wait)))
+        IdemClient::new(conn)
+            .with_wait_connections(Arc::new(wait))
+            .resolve_backend(backend)
+            .await
     }
 }
 
 impl<C> IdemClient<C> {
-    /// Wraps an existing connection. Without `with_wait_connections`, a
-    /// `begin` with `wait` fails with `NoWaitConnections`: a blocked command
-    /// would stall every other command sharing this connection.
+    /// Wraps an existing connection, calling the module's commands
+    /// (`resolve_backend` to find or choose another backend). Without
+    /// `with_wait_connections`, a `begin` with `wait` on the module fails
+    /// with `NoWaitConnections`: a blocked command would stall every other
+    /// command sharing this connection.
     pub fn new(conn: C) -> Self {
         IdemClient {
             conn,
             wait_connections: None,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             packed: Arc::new(AtomicBool::new(true)),
+            backend: Resolved::Module,
         }
+    }
+
+    /// The backend this client calls (never `Auto`).
+    pub fn backend(&self) -> Backend {
+        self.backend.backend()
     }
 
     /// Connections used only for blocking calls: `IDEM.BEGIN ... WAIT` and
@@ -135,9 +181,11 @@ impl<C> IdemClient<C> {
         self
     }
 
-    /// Whether `begin` may be given a `wait` (wait connections are set).
+    /// Whether `begin` may be given a `wait`: wait connections are set, or
+    /// the backend is the library (whose wait is polled on the shared
+    /// connection).
     pub fn can_wait(&self) -> bool {
-        self.wait_connections.is_some()
+        self.wait_connections.is_some() || !self.backend.blocks()
     }
 
     /// Whether `complete_replicated` can run: wait connections that keep a
@@ -154,9 +202,23 @@ impl<C> IdemClient<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    /// Settles which backend this client calls: `Auto` finds one (the
+    /// module, else the library's functions, else its scripts), any other
+    /// is checked; the library is loaded when it is missing or older. Fails
+    /// with `NotInstalled` when nothing of idem can run on the server
+    /// (the error says what to do), `Unavailable` when it did not answer.
+    pub async fn resolve_backend(mut self, backend: Backend) -> Result<Self, IdemError> {
+        self.backend = backend::resolve(&self.conn, backend, self.call_timeout).await?;
+        tracing::debug!(backend = %self.backend(), "idem backend");
+        Ok(self)
+    }
+
     /// `IDEM.BEGIN`. With `options.wait`, a first non-blocking BEGIN runs on
     /// the shared connection; only when it answers `in_flight` does a second,
-    /// blocking one run on a dedicated connection.
+    /// blocking one run on a dedicated connection. On the library (which
+    /// answers at once), the wait is a poll instead: BEGIN again after the
+    /// holder's `retry_after`, at most a short pause that grows, until the
+    /// wait runs out.
     pub async fn begin(
         &self,
         key: &str,
@@ -164,6 +226,17 @@ where
         options: BeginOptions,
     ) -> Result<Outcome, IdemError> {
         let wait = options.wait.filter(|w| !w.is_zero());
+        if !self.backend.blocks() {
+            let first = self
+                .query_begin(begin_args(key, fingerprint, options, None), None)
+                .await?;
+            return match wait {
+                Some(wait) => Ok(self
+                    .poll_begin(first, key, fingerprint, options, wait)
+                    .await),
+                None => Ok(first),
+            };
+        }
         let wait_connections = match wait {
             Some(_) => Some(
                 self.wait_connections
@@ -196,6 +269,44 @@ where
         }
     }
 
+    /// The library's wait: BEGIN again while the key is in flight, until
+    /// `wait` runs out. A failed poll answers the last `in_flight`, as a
+    /// failed blocking wait does.
+    async fn poll_begin(
+        &self,
+        mut outcome: Outcome,
+        key: &str,
+        fingerprint: &[u8],
+        options: BeginOptions,
+        wait: Duration,
+    ) -> Outcome {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut pause = POLL_FIRST;
+        while let Outcome::InFlight { retry_after, .. } = outcome {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let sleep = retry_after
+                .min(pause)
+                .max(Duration::from_millis(1))
+                .min(left);
+            tokio::time::sleep(sleep).await;
+            pause = (pause * 2).min(POLL_MAX);
+            match self
+                .query_begin(begin_args(key, fingerprint, options, None), None)
+                .await
+            {
+                Ok(next) => outcome = next,
+                Err(error) => {
+                    tracing::warn!(%error, "polling for the key's holder failed; answering in_flight");
+                    break;
+                }
+            }
+        }
+        outcome
+    }
+
     /// Sends a BEGIN on the shared connection, or with `wait` on a wait
     /// connection for at most the bound given, packed unless turned off. A
     /// refusal of `PACKED` changed nothing on the server: the call is sent
@@ -210,8 +321,12 @@ where
         }
         let send = |args: BeginArgs<'a>| async move {
             match wait {
-                None => self.query(&args).await,
-                Some((connections, bound)) => connections.query(args.to_cmd(), bound).await,
+                None => self.call(&args).await,
+                // Only the module blocks: its own command.
+                Some((connections, bound)) => {
+                    let cmd = args.via(self.backend.head()).to_cmd();
+                    connections.query(cmd, bound).await
+                }
             }
         };
         match send(args).await {
@@ -253,7 +368,7 @@ where
             headers: response.headers(),
             mirrored: origin == Origin::Mirror,
         };
-        parse_ok(&self.query(&command).await?)
+        parse_ok(&self.call(&command).await?)
     }
 
     /// `IDEM.COMPLETE`, then `WAIT replicas timeout` pipelined behind it on
@@ -313,10 +428,22 @@ where
             mirrored: origin == Origin::Mirror,
         };
         let mut pipeline = redis::pipe();
-        pipeline.add_command(complete.to_cmd());
+        pipeline.add_command(complete.via(self.backend.head()).to_cmd());
         pipeline.cmd("WAIT").arg(replicas).arg(millis(timeout));
         let bound = timeout.saturating_add(self.call_timeout);
-        let replies = connections.query_pipeline(pipeline, bound).await?;
+        let mut replies = connections.query_pipeline(pipeline.clone(), bound).await?;
+        // The library gone from the node: nothing was stored, so load it
+        // and send the pair once more.
+        let missing = replies.first().is_some_and(|completed| {
+            completed
+                .clone()
+                .extract_error()
+                .is_err_and(|error| library_missing(&IdemError::from(error)))
+        });
+        if missing && !self.backend.blocks() {
+            self.reload().await?;
+            replies = connections.query_pipeline(pipeline, bound).await?;
+        }
         let [completed, waited]: [Value; 2] =
             replies.try_into().map_err(|replies: Vec<Value>| {
                 IdemError::UnexpectedReply(format!(
@@ -357,7 +484,7 @@ where
             key: key.as_bytes(),
             token,
         });
-        parse_abort(&self.query(&command).await?)
+        parse_abort(&self.call(&command).await?)
     }
 
     /// `IDEM.TOUCH`: extends the holder's lease to now + `lease`; answers the
@@ -373,7 +500,28 @@ where
             token,
             lease_ms: millis(lease),
         };
-        parse_touch(&self.query(&command).await?)
+        parse_touch(&self.call(&command).await?)
+    }
+
+    /// One command on one record, to the backend: on the library, a reply
+    /// saying it is missing on the node (`ERR Function not found`,
+    /// `NOSCRIPT`) loads it and sends the command once more (the missing
+    /// function ran nothing).
+    async fn call(&self, command: &(impl Call + Sync)) -> Result<Value, IdemError> {
+        let head = self.backend.head();
+        match self.query(&command.via(head)).await {
+            Err(error) if !self.backend.blocks() && library_missing(&error) => {
+                self.reload().await?;
+                self.query(&command.via(head)).await
+            }
+            reply => reply,
+        }
+    }
+
+    /// Loads the library again on the shared connection (on a cluster, on
+    /// every primary).
+    async fn reload(&self) -> Result<(), IdemError> {
+        backend::reload(&self.conn, &self.backend, self.call_timeout).await
     }
 
     /// One call on the shared connection, bounded by the call timeout; an

@@ -62,6 +62,12 @@ pub enum IdemError {
     /// blocking calls (see `IdemClient::with_wait_connections`).
     #[error("waiting needs dedicated connections; none are configured")]
     NoWaitConnections,
+    /// Nothing of idem can run on the server: the module is not loaded and
+    /// the Functions library can be neither found nor loaded (`FUNCTION` or
+    /// `EVAL` refused). Construction fails with it; the text names each way
+    /// tried and what to do.
+    #[error("idem is not installed on the server: {0}")]
+    NotInstalled(String),
     /// Postgres could not be read or written: the read-through mirror, or
     /// the fence's transaction (feature `postgres`).
     #[error("postgres mirror unavailable: {0}")]

@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+mod backend;
 mod call;
 pub mod canonical_json;
 mod client;
@@ -37,6 +38,7 @@ mod reply;
 mod standalone;
 mod wait_connections;
 
+pub use backend::{script_sha, script_source, Backend, LIBRARY_SOURCE};
 pub use call::DEFAULT_CALL_TIMEOUT;
 pub use client::IdemClient;
 pub use error::IdemError;

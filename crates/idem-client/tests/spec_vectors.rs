@@ -1098,3 +1098,38 @@ fn fence_statements_are_the_rust_constants() {
         }
     }
 }
+
+// ---------------------------------------------------------- the Functions library
+
+#[test]
+fn functions_contract_is_the_rust_constants() {
+    use idem_core::functions as f;
+    let file = SpecFile::open("functions.json");
+    let doc = &file.doc;
+    assert_eq!(text(&doc["library"]), f::LIBRARY);
+    assert_eq!(uint(&doc["version"]), f::VERSION);
+    let names = [
+        ("begin", f::BEGIN),
+        ("complete", f::COMPLETE),
+        ("abort", f::ABORT),
+        ("touch", f::TOUCH),
+        ("get", f::GET),
+        ("mirror_claim", f::MIRROR_CLAIM),
+        ("mirror_ack", f::MIRROR_ACK),
+        ("version", f::VERSION_FN),
+    ];
+    let functions = doc["functions"].as_object().expect("functions");
+    assert_eq!(functions.len(), names.len(), "one entry per constant");
+    for (entry, constant) in names {
+        assert_eq!(text(&functions[entry]["name"]), constant, "{entry}");
+    }
+
+    let slots = SpecFile::open("outbox_slots.json");
+    assert_eq!(text(&slots.doc["prefix"]), f::OUTBOX_PREFIX);
+    assert_eq!(text(&slots.doc["suffix"]), f::OUTBOX_SUFFIX);
+    let tags = slots.doc["tags"].as_array().expect("tags");
+    assert_eq!(tags.len(), usize::from(f::SLOTS));
+    for (slot, tag) in (0..f::SLOTS).zip(tags) {
+        assert_eq!(text(tag), f::outbox_tag(slot).to_string(), "slot {slot}");
+    }
+}

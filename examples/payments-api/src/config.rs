@@ -1,10 +1,11 @@
 //! Settings from the environment: `REDIS_URL`, `DATABASE_URL`, `PORT`,
 //! `READ_THROUGH`, `WAIT_MS`, `LEASE_MS`, `PG_POOL_SIZE`,
-//! `PROCESSOR_DELAY_MS`, `FENCE`, `REPLICA_ACK`.
+//! `PROCESSOR_DELAY_MS`, `FENCE`, `REPLICA_ACK`, `BACKEND`.
 
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use idem_client::Backend;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -25,6 +26,10 @@ pub struct Settings {
     /// that many replicas acknowledged it within the timeout, else 503
     /// (the layer's `replica_ack`; default: off).
     pub replica_ack: Option<(u32, Duration)>,
+    /// `BACKEND=auto|module|functions|scripts`: how idem runs on Redis (the
+    /// module, else the Functions library, else its scripts form; default
+    /// auto).
+    pub backend: Backend,
 }
 
 impl Settings {
@@ -56,7 +61,14 @@ impl Settings {
             None => None,
             Some(value) => replica_ack(&value)?,
         };
+        let backend = match get("BACKEND") {
+            None => Backend::Auto,
+            Some(value) => value
+                .parse()
+                .map_err(|err| anyhow::anyhow!("BACKEND={value:?}: {err}"))?,
+        };
         Ok(Settings {
+            backend,
             replica_ack,
             processor_delay,
             redis_url,
@@ -127,6 +139,18 @@ mod tests {
         assert!(s.fence);
         assert_eq!(s.wait, None);
         assert_eq!(s.replica_ack, None);
+        assert_eq!(s.backend, Backend::Auto);
+    }
+
+    #[test]
+    fn backend_is_one_of_four() {
+        let with = |value| settings(&[("DATABASE_URL", "x"), ("BACKEND", value)]);
+        assert_eq!(with("functions").unwrap().backend, Backend::Functions);
+        assert_eq!(with("module").unwrap().backend, Backend::Module);
+        assert_eq!(with("scripts").unwrap().backend, Backend::Scripts);
+        assert_eq!(with("auto").unwrap().backend, Backend::Auto);
+        let err = with("lua").unwrap_err().to_string();
+        assert!(err.contains("BACKEND"), "{err}");
     }
 
     #[test]

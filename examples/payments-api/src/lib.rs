@@ -22,8 +22,8 @@ use axum::Router;
 use deadpool_postgres::Pool;
 use idem_client::middleware::prometheus_client::registry::Registry;
 use idem_client::middleware::LayerMetrics;
+use idem_client::{Backend, StandaloneConnection, Transport};
 use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
-use idem_client::{StandaloneConnection, Transport};
 
 pub use config::Settings;
 
@@ -158,10 +158,27 @@ pub async fn idempotency_layer(
     read_through: Option<Pool>,
     transport: Transport,
 ) -> anyhow::Result<IdempotencyLayer<StandaloneConnection>> {
+    idempotency_layer_with(redis_url, read_through, transport, Backend::Auto).await
+}
+
+/// `idempotency_layer` calling idem through `backend` (the `BACKEND`
+/// setting); logs the backend in use.
+pub async fn idempotency_layer_with(
+    redis_url: &str,
+    read_through: Option<Pool>,
+    transport: Transport,
+    backend: Backend,
+) -> anyhow::Result<IdempotencyLayer<StandaloneConnection>> {
     let redis = redis::Client::open(redis_url).context("invalid REDIS_URL")?;
-    let client = IdemClient::standalone_with(redis, transport)
+    let client = IdemClient::standalone_using(redis, transport, backend)
         .await
         .context("connect to Redis")?;
+    tracing::info!(
+        backend = %client.backend(),
+        asked = %backend,
+        "idem backend: {}",
+        client.backend()
+    );
     let mut layer = IdempotencyLayer::new(client).tenant_header(ACCOUNT_HEADER);
     if let Some(pool) = read_through {
         layer = layer.read_through(ReadThrough::new(pool));

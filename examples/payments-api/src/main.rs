@@ -4,7 +4,7 @@
 use anyhow::Context;
 use idem_client::Transport;
 use idem_example_payments::{
-    app_with_metrics, db, idempotency_layer, serve, AppState, Metrics, Settings,
+    app_with_metrics, db, idempotency_layer_with, serve, AppState, Metrics, Settings,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -22,12 +22,17 @@ async fn main() -> anyhow::Result<()> {
     let pool = db::pool(&settings.database_url, settings.pool_size)?;
     db::migrate(&pool).await?;
     let read_through = settings.read_through.then(|| pool.clone());
-    let mut layer = idempotency_layer(&settings.redis_url, read_through, Transport::Auto)
-        .await?
-        .lease(settings.lease)
-        // Every keyed route's handler uses the fence: its claim stands in
-        // for read-through's lookup (one statement fewer per payment).
-        .claim_up_front(settings.fence);
+    let mut layer = idempotency_layer_with(
+        &settings.redis_url,
+        read_through,
+        Transport::Auto,
+        settings.backend,
+    )
+    .await?
+    .lease(settings.lease)
+    // Every keyed route's handler uses the fence: its claim stands in
+    // for read-through's lookup (one statement fewer per payment).
+    .claim_up_front(settings.fence);
     if let Some(wait) = settings.wait {
         layer = layer.wait_for_result(wait);
     }

@@ -190,6 +190,7 @@ fn error_kind(err: &IdemError) -> &'static str {
         IdemError::Redis(_) => "redis",
         IdemError::UnexpectedReply(_) => "unexpected_reply",
         IdemError::NoWaitConnections => "no_wait_connections",
+        IdemError::NotInstalled(_) => "not_installed",
         IdemError::Postgres(_) => "postgres",
     }
 }

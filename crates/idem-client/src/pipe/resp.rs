@@ -113,9 +113,19 @@ fn element(buf: &[u8]) -> Result<Option<(Element, usize)>, ProtocolError> {
             }
         }
         // Errors are rare: redis-rs' parser makes the `ServerError`, so its
-        // kinds and codes are exactly redis-rs' own.
-        b'-' => redis::parse_redis_value(&buf[..after])
-            .map_err(|e| ProtocolError(format!("error reply: {e}")))?,
+        // kinds and codes are exactly redis-rs' own. Their text is whatever
+        // the server wrote, not always UTF-8 (`unknown command` echoes the
+        // arguments, a binary fingerprint's bytes included), and redis-rs
+        // takes only UTF-8: such a text is read lossily, so the error stays
+        // the server's error and the connection stays up.
+        b'-' => match std::str::from_utf8(line) {
+            Ok(_) => redis::parse_redis_value(&buf[..after]),
+            Err(_) => {
+                let text = String::from_utf8_lossy(line);
+                redis::parse_redis_value(format!("-{text}\r\n").as_bytes())
+            }
+        }
+        .map_err(|e| ProtocolError(format!("error reply: {e}")))?,
         b':' => Value::Int(integer(line)?),
         b'$' => {
             // As redis-rs: any negative length is a nil.
@@ -236,6 +246,16 @@ mod tests {
             let theirs = redis::parse_redis_value(bytes).unwrap();
             assert_eq!(ours, theirs, "{:?}", String::from_utf8_lossy(bytes));
         }
+    }
+
+    #[test]
+    fn an_error_that_is_not_utf8_is_read_lossily() {
+        let reply = b"-ERR unknown command 'IDEM.BEGIN', with args beginning with: 'k' '\xff\xfe' \r\n+OK\r\n";
+        let (value, used) = parse(reply).unwrap().expect("a whole reply");
+        let lossy = "-ERR unknown command 'IDEM.BEGIN', with args beginning with: 'k' '\u{fffd}\u{fffd}' \r\n";
+        assert_eq!(value, redis::parse_redis_value(lossy.as_bytes()).unwrap());
+        assert!(matches!(value, Value::ServerError(_)));
+        assert_eq!(&reply[used..], b"+OK\r\n");
     }
 
     #[test]

@@ -101,3 +101,77 @@ pub async fn send(request: reqwest::RequestBuilder, key: Option<&str>, body: &st
 }
 
 pub const LONG: Duration = Duration::from_secs(60);
+
+/// A `redis-server` without the module (a managed Redis, as the Functions
+/// library meets it), on a free port; killed and its directory removed on
+/// drop.
+pub struct BareRedis {
+    pub port: u16,
+    dir: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl BareRedis {
+    pub fn start() -> BareRedis {
+        BareRedis::start_with(&[])
+    }
+
+    /// With extra server options (`["--replicaof", "127.0.0.1 6400"]`).
+    pub fn start_with(args: &[&str]) -> BareRedis {
+        let port = idem_testkit::free_port();
+        let dir = idem_testkit::scratch_dir("bare-redis");
+        let child = std::process::Command::new(idem_testkit::server_binary())
+            .arg("--port")
+            .arg(port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        let server = BareRedis { port, dir, child };
+        let ready = idem_testkit::eventually(Duration::from_secs(20), || {
+            server
+                .client()
+                .get_connection()
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()
+        });
+        assert!(ready, "redis-server did not start: {}", server.log());
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("redis url")
+    }
+
+    /// One command on a fresh connection.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        let mut conn = self.client().get_connection()?;
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut conn)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for BareRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

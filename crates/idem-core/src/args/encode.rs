@@ -1,9 +1,13 @@
 //! Argument encoders, beside the parsers: each `Encode` writes a command,
 //! name first, exactly as its parser in `args` reads it back, so the client
 //! and the writer never spell a command by hand (tests of bad input still
-//! do). Held to the parsers by `parse(encode(x)) == x` property tests below.
+//! do). A command on one record (`Call`) is written with a `Head`: the
+//! module's command, or the Functions library's function through `FCALL` or
+//! its scripts form through `EVALSHA` (`spec/functions.json`). Held to the
+//! parsers by `parse(encode(x)) == x` property tests below, for every head.
 
 use super::{name, BeginArgs, Complete, KeyToken, Pull, Touch, PACKED};
+use crate::functions;
 use crate::wire::ReplayLayout;
 
 /// Where an encoder writes arguments: a redis-rs `Cmd` (feature `redis`),
@@ -93,10 +97,114 @@ pub trait Encode {
     }
 }
 
-impl Encode for BeginArgs<'_> {
+/// How a command on one record reaches the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head<'a> {
+    /// The module's command: `IDEM.BEGIN key args...`.
+    Module,
+    /// The library's function: `FCALL idem_begin numkeys key [outbox] args...`.
+    Function,
+    /// The library's scripts form (no `FUNCTION`, Redis 6):
+    /// `EVALSHA sha numkeys key [outbox] idem_begin args...`, the SHA1 (hex)
+    /// of the source without its first line.
+    Script(&'a str),
+}
+
+/// A command on one record key, which the module runs as a command and the
+/// Functions library as a function of the same arguments.
+pub trait Call {
+    /// The module's command name.
+    const MODULE: &'static str;
+    /// The library's function name.
+    const FUNCTION: &'static str;
+    /// Whether the function takes the key's outbox
+    /// (`functions::outbox_key`) as its second key.
+    const OUTBOX: bool = false;
+
+    /// The record's key.
+    fn key(&self) -> &[u8];
+
+    /// The arguments after the key.
+    fn encode_args(&self, out: &mut impl ArgSink);
+
+    /// This command written with `head`.
+    fn via<'a>(&'a self, head: Head<'a>) -> Via<'a, Self>
+    where
+        Self: Sized,
+    {
+        Via { head, call: self }
+    }
+}
+
+/// A `Call` with its head: what is sent.
+#[derive(Debug, Clone, Copy)]
+pub struct Via<'a, C> {
+    pub head: Head<'a>,
+    pub call: &'a C,
+}
+
+impl<C: Call> Encode for Via<'_, C> {
     fn encode(&self, out: &mut impl ArgSink) {
-        out.arg(name::BEGIN.as_bytes());
-        out.arg(self.key);
+        fn keys<C: Call>(key: &[u8], out: &mut impl ArgSink) {
+            out.uint(1 + u64::from(C::OUTBOX));
+            out.arg(key);
+            if C::OUTBOX {
+                out.arg(functions::outbox_key(key).as_bytes());
+            }
+        }
+        let key = self.call.key();
+        match self.head {
+            Head::Module => {
+                out.arg(C::MODULE.as_bytes());
+                out.arg(key);
+            }
+            Head::Function => {
+                out.arg(b"FCALL");
+                out.arg(C::FUNCTION.as_bytes());
+                keys::<C>(key, out);
+            }
+            Head::Script(sha) => {
+                out.arg(b"EVALSHA");
+                out.arg(sha.as_bytes());
+                keys::<C>(key, out);
+                out.arg(C::FUNCTION.as_bytes());
+            }
+        }
+        self.call.encode_args(out);
+    }
+}
+
+/// The module's command (`Head::Module`).
+macro_rules! encode_as_module {
+    ($($t:ty),*) => {$(
+        impl Encode for $t {
+            fn encode(&self, out: &mut impl ArgSink) {
+                self.via(Head::Module).encode(out);
+            }
+        }
+    )*};
+}
+
+encode_as_module!(BeginArgs<'_>, Abort<'_>, Ack<'_>, Touch<'_>);
+
+impl<'a, H> Encode for CompleteArgs<'a, H>
+where
+    H: Iterator<Item = (&'a [u8], &'a [u8])> + Clone,
+{
+    fn encode(&self, out: &mut impl ArgSink) {
+        self.via(Head::Module).encode(out);
+    }
+}
+
+impl Call for BeginArgs<'_> {
+    const MODULE: &'static str = name::BEGIN;
+    const FUNCTION: &'static str = functions::BEGIN;
+
+    fn key(&self) -> &[u8] {
+        self.key
+    }
+
+    fn encode_args(&self, out: &mut impl ArgSink) {
         out.arg(self.fingerprint);
         out.uint(self.ttl_secs);
         if let Some(ms) = self.lease_ms {
@@ -127,13 +235,19 @@ pub struct CompleteArgs<'a, H> {
     pub mirrored: bool,
 }
 
-impl<'a, H> Encode for CompleteArgs<'a, H>
+impl<'a, H> Call for CompleteArgs<'a, H>
 where
     H: Iterator<Item = (&'a [u8], &'a [u8])> + Clone,
 {
-    fn encode(&self, out: &mut impl ArgSink) {
-        out.arg(name::COMPLETE.as_bytes());
-        out.arg(self.key);
+    const MODULE: &'static str = name::COMPLETE;
+    const FUNCTION: &'static str = functions::COMPLETE;
+    const OUTBOX: bool = true;
+
+    fn key(&self) -> &[u8] {
+        self.key
+    }
+
+    fn encode_args(&self, out: &mut impl ArgSink) {
         out.uint(self.token);
         out.uint(self.status.into());
         out.arg(self.body);
@@ -173,28 +287,42 @@ pub struct Abort<'a>(pub KeyToken<'a>);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ack<'a>(pub KeyToken<'a>);
 
-fn key_token(name: &str, kt: &KeyToken<'_>, out: &mut impl ArgSink) {
-    out.arg(name.as_bytes());
-    out.arg(kt.key);
-    out.uint(kt.token);
-}
+impl Call for Abort<'_> {
+    const MODULE: &'static str = name::ABORT;
+    const FUNCTION: &'static str = functions::ABORT;
 
-impl Encode for Abort<'_> {
-    fn encode(&self, out: &mut impl ArgSink) {
-        key_token(name::ABORT, &self.0, out);
+    fn key(&self) -> &[u8] {
+        self.0.key
+    }
+
+    fn encode_args(&self, out: &mut impl ArgSink) {
+        out.uint(self.0.token);
     }
 }
 
-impl Encode for Ack<'_> {
-    fn encode(&self, out: &mut impl ArgSink) {
-        key_token(name::MIRROR_ACK, &self.0, out);
+impl Call for Ack<'_> {
+    const MODULE: &'static str = name::MIRROR_ACK;
+    const FUNCTION: &'static str = functions::MIRROR_ACK;
+    const OUTBOX: bool = true;
+
+    fn key(&self) -> &[u8] {
+        self.0.key
+    }
+
+    fn encode_args(&self, out: &mut impl ArgSink) {
+        out.uint(self.0.token);
     }
 }
 
-impl Encode for Touch<'_> {
-    fn encode(&self, out: &mut impl ArgSink) {
-        out.arg(name::TOUCH.as_bytes());
-        out.arg(self.key);
+impl Call for Touch<'_> {
+    const MODULE: &'static str = name::TOUCH;
+    const FUNCTION: &'static str = functions::TOUCH;
+
+    fn key(&self) -> &[u8] {
+        self.key
+    }
+
+    fn encode_args(&self, out: &mut impl ArgSink) {
         out.uint(self.token);
         out.uint(self.lease_ms);
     }
@@ -227,6 +355,44 @@ mod tests {
         let mut args = e.to_args();
         let name = String::from_utf8(args.remove(0)).unwrap();
         (name, args)
+    }
+
+    const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+    const HEADS: [Head<'static>; 3] = [Head::Module, Head::Function, Head::Script(SHA)];
+
+    /// `call` encoded with `head`, read back as the module's command: the
+    /// module's name and the arguments its parser sees (the key first),
+    /// after checking the function's head (its name, the key count, the
+    /// outbox in the key's slot).
+    fn split_via<C: Call>(call: &C, head: Head<'_>) -> (String, Vec<Vec<u8>>) {
+        let via = call.via(head);
+        check_size(&via);
+        let (command, mut args) = split(&via);
+        let (function, keys) = match head {
+            Head::Module => return (command, args),
+            Head::Function => {
+                assert_eq!(command, "FCALL");
+                let function = args.remove(0);
+                let keys: usize = String::from_utf8(args.remove(0)).unwrap().parse().unwrap();
+                let keys: Vec<_> = args.drain(..keys).collect();
+                (function, keys)
+            }
+            Head::Script(sha) => {
+                assert_eq!(command, "EVALSHA");
+                assert_eq!(args.remove(0), sha.as_bytes());
+                let keys: usize = String::from_utf8(args.remove(0)).unwrap().parse().unwrap();
+                let keys: Vec<_> = args.drain(..keys).collect();
+                (args.remove(0), keys)
+            }
+        };
+        assert_eq!(function, C::FUNCTION.as_bytes());
+        assert_eq!(keys.len(), 1 + usize::from(C::OUTBOX));
+        if C::OUTBOX {
+            assert_eq!(keys[1], functions::outbox_key(&keys[0]).into_bytes());
+            assert_eq!(functions::key_slot(&keys[1]), functions::key_slot(&keys[0]));
+        }
+        args.insert(0, keys[0].clone());
+        (C::MODULE.to_string(), args)
     }
 
     fn refs(args: &[Vec<u8>]) -> Vec<&[u8]> {
@@ -266,9 +432,13 @@ mod tests {
             let replay = if packed { ReplayLayout::Packed } else { ReplayLayout::Fields };
             let x = BeginArgs { key: &key, fingerprint: &fp, ttl_secs: ttl, lease_ms: lease, wait_ms: wait, replay };
             check_size(&x);
-            let (name, encoded) = split(&x);
-            prop_assert_eq!(name, name::BEGIN);
-            prop_assert_eq!(args::begin_args(&refs(&encoded), &LIMITS).unwrap(), x);
+            prop_assert_eq!(split(&x), split_via(&x, Head::Module));
+            for head in HEADS {
+                let (name, encoded) = split_via(&x, head);
+                prop_assert_eq!(name, name::BEGIN);
+                prop_assert_eq!(args::begin_args(&refs(&encoded), &LIMITS).unwrap(), x);
+            }
+            let (_, encoded) = split(&x);
             let resolved = args::begin(&refs(&encoded), &LIMITS).unwrap();
             prop_assert_eq!(resolved.fingerprint.digest(), crate::fingerprint::sha256(&fp));
             prop_assert_eq!(resolved.ttl_ms, ttl * 1000);
@@ -287,25 +457,33 @@ mod tests {
                 .collect();
             let x = Complete { key: &key, token, status, body: &body, headers, mirrored };
             check_size(&x.args());
-            let (name, encoded) = split(&x.args());
-            prop_assert_eq!(name, name::COMPLETE);
-            prop_assert_eq!(args::complete(&refs(&encoded), &LIMITS).unwrap(), x);
+            prop_assert_eq!(split(&x.args()), split_via(&x.args(), Head::Module));
+            for head in HEADS {
+                let (name, encoded) = split_via(&x.args(), head);
+                prop_assert_eq!(name, name::COMPLETE);
+                prop_assert_eq!(&args::complete(&refs(&encoded), &LIMITS).unwrap(), &x);
+            }
         }
 
         #[test]
         fn abort_ack_touch_round_trip(key in key(), token in token(), lease in 1..=MAX_MS) {
             let kt = KeyToken { key: &key, token };
-            let (name, encoded) = split(&Abort(kt));
-            prop_assert_eq!(name, name::ABORT);
-            prop_assert_eq!(args::key_token(&refs(&encoded), "").unwrap(), kt);
-            let (name, encoded) = split(&Ack(kt));
-            prop_assert_eq!(name, name::MIRROR_ACK);
-            prop_assert_eq!(args::key_token(&refs(&encoded), "").unwrap(), kt);
             let x = Touch { key: &key, token, lease_ms: lease };
             check_size(&x);
-            let (name, encoded) = split(&x);
-            prop_assert_eq!(name, name::TOUCH);
-            prop_assert_eq!(args::touch(&refs(&encoded)).unwrap(), x);
+            prop_assert_eq!(split(&Abort(kt)), split_via(&Abort(kt), Head::Module));
+            prop_assert_eq!(split(&Ack(kt)), split_via(&Ack(kt), Head::Module));
+            prop_assert_eq!(split(&x), split_via(&x, Head::Module));
+            for head in HEADS {
+                let (name, encoded) = split_via(&Abort(kt), head);
+                prop_assert_eq!(name, name::ABORT);
+                prop_assert_eq!(args::key_token(&refs(&encoded), "").unwrap(), kt);
+                let (name, encoded) = split_via(&Ack(kt), head);
+                prop_assert_eq!(name, name::MIRROR_ACK);
+                prop_assert_eq!(args::key_token(&refs(&encoded), "").unwrap(), kt);
+                let (name, encoded) = split_via(&x, head);
+                prop_assert_eq!(name, name::TOUCH);
+                prop_assert_eq!(args::touch(&refs(&encoded)).unwrap(), x);
+            }
         }
 
         #[test]

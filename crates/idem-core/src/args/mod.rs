@@ -6,7 +6,7 @@
 mod encode;
 pub mod name;
 
-pub use encode::{Abort, Ack, ArgSink, ArgSize, CompleteArgs, Encode};
+pub use encode::{Abort, Ack, ArgSink, ArgSize, Call, CompleteArgs, Encode, Head, Via};
 
 use crate::record::STATUS_RANGE;
 use crate::wire::ReplayLayout;
