@@ -18,6 +18,13 @@ range), the targets next to them, the machine's load average, and last one
 line per language a script can read:
 
     peers: <python|node> new <ratio>x replay <ratio>x redis-cpu-new <ratio>x
+    peers-cpu: <python|node> new <ratio>x replay <ratio>x
+
+(the second: requests per CPU-second of the server, the inverse ratio of
+server CPU per request; on a shared machine req/s also measures how the
+scheduler shares the core out, and a process with many threads, as
+Powertools' thread pool in Python, gets more of it than a one-thread event
+loop).
 
 wrk and redis-server run on the last CPU, the servers on the others
 (taskset), when the machine has at least 2. The behaviour probes of
@@ -360,10 +367,10 @@ def run_language(lang: str, r: redis.Redis, redis_url: str, tmp: Path, opts: arg
         f"{opts.replay_keys} replay keys; medians (min–max) over the rounds"
     )
     print(
-        "\n| phase | layer | req/s | p50 / p99 ms | server CPU µs/req | Redis µs/req "
-        "(commandstats) | Redis commands/req | handler runs/req | errors |"
+        "\n| phase | layer | req/s | p50 / p99 ms | server CPU µs/req | server busy "
+        "| Redis µs/req (commandstats) | Redis commands/req | handler runs/req | errors |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for kind in ("new", "replay"):
         for name in ("idem", "powertools"):
             ps = results[name][kind]
@@ -371,6 +378,7 @@ def run_language(lang: str, r: redis.Redis, redis_url: str, tmp: Path, opts: arg
                 f"| {kind} | {name} | {span([p.rps for p in ps], '.0f')} "
                 f"| {med([p.p50_ms for p in ps]):.1f} / {med([p.p99_ms for p in ps]):.1f} "
                 f"| {span([p.server_cpu_us for p in ps], '.0f')} "
+                f"| {med([p.server_cpu_us * p.rps / 1e4 for p in ps]):.0f}% "
                 f"| {span([p.redis_us for p in ps], '.1f')} "
                 f"| {med([p.commands for p in ps]):.2f} | {med([p.runs for p in ps]):.2f} "
                 f"| {sum(p.errors for p in ps)} |"
@@ -402,10 +410,25 @@ def run_language(lang: str, r: redis.Redis, redis_url: str, tmp: Path, opts: arg
     )
     print(f"- Redis µs per replay:   {span(cpu_replay, '.2f')}x")
     print(f"- server CPU per new key: {span(srv_new, '.2f')}x; per replay: {span(srv_replay, '.2f')}x")
+    # Requests per CPU-second of the server: what one core would serve, free
+    # of how the shared machine's scheduler shares the core out.
+    cap_new, cap_replay = [1 / x for x in srv_new], [1 / x for x in srv_replay]
+    print(
+        f"- requests per server CPU-second, new keys: {span(cap_new, '.2f')}x  "
+        f"{verdict(med(cap_new), TARGET_RPS, True)}"
+    )
+    print(
+        f"- requests per server CPU-second, replays: {span(cap_replay, '.2f')}x  "
+        f"{verdict(med(cap_replay), TARGET_RPS, True)}"
+    )
     if opts.probes:
         print()
         probes(lang)
-    return f"peers: {lang} new {med(new):.2f}x replay {med(replay):.2f}x redis-cpu-new {med(cpu_new):.2f}x"
+    return (
+        f"peers: {lang} new {med(new):.2f}x replay {med(replay):.2f}x "
+        f"redis-cpu-new {med(cpu_new):.2f}x\n"
+        f"peers-cpu: {lang} new {med(cap_new):.2f}x replay {med(cap_replay):.2f}x"
+    )
 
 
 def probes(lang: str) -> None:
