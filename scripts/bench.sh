@@ -30,12 +30,10 @@ run_wait() {
 }
 
 # The Python and Node middlewares against AWS Powertools' idempotency, on
-# the same Redis (bench/python-peers, bench/node-peers).
+# the same Redis, under one load generator (wrk), alternating over rounds
+# (bench/peers; arguments after `peers` go to its driver).
 run_peers() {
-  echo "== Python: idem against Powertools =="
-  IDEM_MODULE=$(build_module) bench/python-peers/run.sh
-  echo; echo "== Node: idem against Powertools =="
-  IDEM_MODULE=$(build_module) bench/node-peers/run.sh --seconds 5 --concurrency 32
+  IDEM_MODULE=$(build_module) bench/peers/run.sh "$@"
 }
 
 case ${1:-all} in
@@ -45,7 +43,7 @@ case ${1:-all} in
   fence) run_fence ;;
   wait) run_wait ;;
   partition) scripts/bench-partition.sh ;;
-  peers) run_peers ;;
+  peers) shift; run_peers "$@" ;;
   all)
     run_module
     echo; scripts/bench-keyspace.sh

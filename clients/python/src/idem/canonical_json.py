@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from json.encoder import encode_basestring
 from typing import Any
 
 MAX_DEPTH = 127
@@ -65,38 +66,58 @@ def canonicalize(data: bytes) -> bytes | None:
 
 
 def _write(value: Any, out: list[str], depth: int) -> None:
-    if value is None:
+    # The common types first (strings, then numbers); json.loads makes
+    # nothing else but None and the booleans.
+    kind = type(value)
+    if kind is str:
+        out.append(_string(value))
+    elif kind is float:
+        out.append(format_double(value))
+    elif kind is dict:
+        if depth >= MAX_DEPTH:
+            raise _NotJson("too deep")
+        out.append("{")
+        first = True
+        for name in _sorted_names(value):
+            if first:
+                first = False
+            else:
+                out.append(",")
+            out.append(_string(name))
+            out.append(":")
+            _write(value[name], out, depth + 1)
+        out.append("}")
+    elif kind is list:
+        if depth >= MAX_DEPTH:
+            raise _NotJson("too deep")
+        out.append("[")
+        first = True
+        for item in value:
+            if first:
+                first = False
+            else:
+                out.append(",")
+            _write(item, out, depth + 1)
+        out.append("]")
+    elif value is None:
         out.append("null")
     elif value is True:
         out.append("true")
     elif value is False:
         out.append("false")
-    elif isinstance(value, float):
-        out.append(format_double(value))
-    elif isinstance(value, str):
-        _write_string(value, out)
-    elif isinstance(value, list):
-        if depth >= MAX_DEPTH:
-            raise _NotJson("too deep")
-        out.append("[")
-        for i, item in enumerate(value):
-            if i:
-                out.append(",")
-            _write(item, out, depth + 1)
-        out.append("]")
-    elif isinstance(value, dict):
-        if depth >= MAX_DEPTH:
-            raise _NotJson("too deep")
-        out.append("{")
-        for i, name in enumerate(sorted(value, key=_utf16_units)):
-            if i:
-                out.append(",")
-            _write_string(name, out)
-            out.append(":")
-            _write(value[name], out, depth + 1)
-        out.append("}")
     else:  # pragma: no cover - json.loads makes nothing else
         raise _NotJson(type(value).__name__)
+
+
+def _sorted_names(obj: dict[str, Any]) -> list[str]:
+    """Member names in UTF-16 code-unit order. For names without surrogates
+    below U+10000 that is code-point order, str's own; ASCII names (nearly
+    all of them) take that path."""
+    names = list(obj)
+    if all(name.isascii() for name in names):
+        names.sort()
+        return names
+    return sorted(names, key=_utf16_units)
 
 
 def _utf16_units(name: str) -> bytes:
@@ -108,29 +129,26 @@ def _utf16_units(name: str) -> bytes:
         raise _NotJson("unpaired surrogate") from None
 
 
-_ESCAPES = {
-    '"': '\\"',
-    "\\": "\\\\",
-    "\b": "\\b",
-    "\t": "\\t",
-    "\n": "\\n",
-    "\f": "\\f",
-    "\r": "\\r",
-}
+def _string(s: str) -> str:
+    """A JSON string with the minimal escapes: the quote, the backslash, and
+    the control characters below U+0020 (backspace, tab, newline, form feed
+    and carriage return by their short forms, the rest as lowercase
+    u00xx escapes). The json module's C encoder writes exactly these; an
+    unpaired surrogate passes it, so it is refused here."""
+    if not s.isascii() and _has_surrogate(s):
+        raise _NotJson("unpaired surrogate")
+    return encode_basestring(s)
 
 
-def _write_string(s: str, out: list[str]) -> None:
-    out.append('"')
-    start = 0
-    for i, ch in enumerate(s):
-        if ch in _ESCAPES or ch < " ":
-            out.append(s[start:i])
-            out.append(_ESCAPES.get(ch) or f"\\u{ord(ch):04x}")
-            start = i + 1
-        elif "\ud800" <= ch <= "\udfff":
-            raise _NotJson("unpaired surrogate")
-    out.append(s[start:])
-    out.append('"')
+def _has_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+_EXACT = float(1 << 53)
 
 
 def format_double(value: float) -> str:
@@ -138,6 +156,10 @@ def format_double(value: float) -> str:
     section 3.2.2.3): shortest round-trip digits in ECMAScript's layout."""
     if value == 0:
         return "0"
+    if value.is_integer() and -_EXACT < value < _EXACT:
+        # Every integer below 2^53 is a double of its own, so its shortest
+        # round-trip digits are all of its digits: what ECMAScript writes.
+        return str(int(value))
     if not math.isfinite(value):
         raise ValueError(f"JSON cannot carry {value!r}")
     sign = "-" if value < 0 else ""

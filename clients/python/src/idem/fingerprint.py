@@ -64,30 +64,41 @@ class Fingerprinter:
     ) -> Fingerprint:
         """The fingerprint of a request: ``target`` is the path and query as
         sent (``/payments?x=1``), ``headers`` the request's pairs in order."""
-        pairs = [(_b(n).lower(), _b(v)) for n, v in headers]
-        h = hashlib.sha256(FRAMING_TAG)
-        _field(h, method.encode("ascii"))
-        _field(h, target.encode() if isinstance(target, str) else bytes(target))
-        _count(h, len(self.headers))
-        for name in self.headers:
-            values = [v for n, v in pairs if n == name]
-            _field(h, name)
-            _count(h, len(values))
-            for value in values:
-                _field(h, value)
-        canonical = self._canonical_body(pairs, body)
+        names = self.headers
+        # One pass over the headers: the configured ones' values in order,
+        # and the first content type (for canonical JSON).
+        values: dict[bytes, list[bytes]] = {}
+        content_type: bytes | None = None
+        if names or self.canonical_json:
+            for n, v in headers:
+                name = _b(n).lower()
+                if name in names:
+                    values.setdefault(name, []).append(_b(v))
+                if content_type is None and name == b"content-type":
+                    content_type = _b(v)
+        # The framing is built whole and hashed in one update.
+        parts = [FRAMING_TAG]
+        _field(parts, method.encode("ascii"))
+        _field(parts, target.encode() if isinstance(target, str) else bytes(target))
+        parts.append(_count(len(names)))
+        for name in names:
+            found = values.get(name, ())
+            _field(parts, name)
+            parts.append(_count(len(found)))
+            for value in found:
+                _field(parts, value)
+        canonical = self._canonical_body(content_type, body)
         if canonical is None:
-            h.update(_BODY_RAW)
-            _field(h, bytes(body))
+            parts.append(_BODY_RAW)
+            _field(parts, bytes(body))
         else:
-            h.update(_BODY_CANONICAL_JSON)
-            _field(h, canonical)
-        return Fingerprint(h.digest())
+            parts.append(_BODY_CANONICAL_JSON)
+            _field(parts, canonical)
+        return Fingerprint(hashlib.sha256(b"".join(parts)).digest())
 
-    def _canonical_body(self, pairs: list[tuple[bytes, bytes]], body: bytes) -> bytes | None:
+    def _canonical_body(self, content_type: bytes | None, body: bytes) -> bytes | None:
         if not self.canonical_json:
             return None
-        content_type = next((v for n, v in pairs if n == b"content-type"), None)
         if content_type is None or not is_json_content_type(content_type):
             return None
         return canonicalize(body)
@@ -112,10 +123,10 @@ def downstream_key(key: str, fingerprint: bytes) -> str:
     return hashlib.sha256(framed).hexdigest()
 
 
-def _count(h: hashlib._Hash, n: int) -> None:
-    h.update(n.to_bytes(8, "big"))
+def _count(n: int) -> bytes:
+    return n.to_bytes(8, "big")
 
 
-def _field(h: hashlib._Hash, b: bytes) -> None:
-    _count(h, len(b))
-    h.update(b)
+def _field(parts: list[bytes], b: bytes) -> None:
+    parts.append(len(b).to_bytes(8, "big"))
+    parts.append(b)

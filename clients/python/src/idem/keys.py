@@ -4,6 +4,7 @@ derived from both (spec/vectors/keys.json)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -74,8 +75,12 @@ def _unquote(value: bytes) -> str:
     return "".join(out)
 
 
+# Visible ASCII but the quote, comma, semicolon and backslash.
+_BARE = re.compile(rb"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
+
+
 def _bare(value: bytes) -> str:
-    if not all(0x21 <= c <= 0x7E and c not in b'",;\\' for c in value):
+    if not _BARE.fullmatch(value):
         raise InvalidKeyError("malformed")
     return value.decode("ascii")
 
@@ -100,7 +105,14 @@ def redis_key(prefix: str, tenant: str, key: str) -> str:
     return f"{prefix}{{{_encode(tenant)}:{_encode(key)}}}"
 
 
+# A part that is all visible ASCII but ``%``, ``:``, ``{`` and ``}`` (nearly
+# every key) is its own encoding.
+_PLAIN = re.compile(r"[\x21-\x24\x26-\x39\x3b-\x7a\x7c\x7e]*")
+
+
 def _encode(part: str) -> str:
+    if _PLAIN.fullmatch(part):
+        return part
     out = []
     for b in part.encode("utf-8", "surrogatepass"):
         if 0x21 <= b <= 0x7E and b not in b"%:{}":
