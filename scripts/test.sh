@@ -6,12 +6,13 @@
 #   rust:    every test binary of the workspace with cargo nextest
 #            (.config/nextest.toml: how many at once, which never together,
 #            per-test timeouts), unit, property and integration tests
-#            against real redis-server and PostgreSQL;
+#            against real redis-server and PostgreSQL; then
+#            scripts/test-node.sh;
 #   lint:    clippy (all targets, and idem-client's feature combinations),
 #            rustdoc, the dependency gate and the doc tests, at a lower
-#            CPU priority than the tests;
-#   clients: scripts/test-python.sh, test-node.sh, test-conformance.sh,
-#            test-ops.sh, test-docs.sh.
+#            CPU priority than the tests; then scripts/test-ops.sh and
+#            test-docs.sh;
+#   clients: scripts/test-python.sh, then test-conformance.sh.
 # Each part prints its time; a summary lists them all. Format and import
 # circles are checked first (a failure stops the run at once).
 # Uses $DATABASE_URL, else a local Postgres on 127.0.0.1:5432, else starts a
@@ -94,9 +95,11 @@ run_conformance() { CONFORMANCE_SKIP_BUILD=1 scripts/test-conformance.sh; }
 run_ops() { scripts/test-ops.sh; }
 run_docs() { scripts/test-docs.sh; }
 
-lane rust rust
-lane lint lint doctests
-lane clients python conformance node ops docs
+# Python and the conformance suite share target/py-venv: one lane, in that
+# order. The other lanes take Node, ops and the book after their first part.
+lane rust rust node
+lane lint lint doctests ops docs
+lane clients python conformance
 lane_wait rust lint clients
 scripts/lib/slowest.py "$target/nextest/ci/junit.xml" 15 || true
 parts_summary
