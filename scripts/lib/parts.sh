@@ -75,6 +75,7 @@ lane_wait() {
   local lane name
   for lane in "$@"; do
     wait "${LANE_PID[$lane]}" || true
+    unset "LANE_PID[$lane]" # ended: lanes_kill must not signal a reused pid
     for name in ${LANE_PARTS[$lane]}; do
       [[ -f $PARTS_DIR/$name.time ]] || echo "1 1 0" >"$PARTS_DIR/$name.time"
       echo "==> $name (lane $lane): its output"
