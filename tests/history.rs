@@ -269,7 +269,9 @@ fn summary(run: &Run, report: &checker::Report) -> String {
 #[test]
 fn history_survives_sigkill_with_aof_always() {
     let seed = now_ms();
-    let run = run_history(RedisConfig::default().aof_always(), 24, seed);
+    // IDEM_HISTORY_KILLS: how many SIGKILLs the run survives.
+    let kills = size("IDEM_HISTORY_KILLS", 24);
+    let run = run_history(RedisConfig::default().aof_always(), kills, seed);
     let report = checker::check(&run.events, &run.finals);
     println!("history (seed {seed}): {}", summary(&run, &report));
     // Every command is answered while the server is up (issue 8 item 2).
@@ -312,4 +314,13 @@ fn history_checker_finds_losses_without_persistence() {
         "the checker missed the losses: {}",
         summary(&run, &report)
     );
+}
+
+/// A size of this run: `${var}` when set (a soak raises it), else the size
+/// scripts/test.sh runs with.
+fn size(var: &str, ci_default: usize) -> usize {
+    std::env::var(var).map_or(ci_default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{var}={v}: a whole number, please"))
+    })
 }

@@ -109,3 +109,12 @@ ensure_database_url() {
   trap 'stop_throwaway_postgres "$IDEM_THROWAWAY_PG"; rm -rf "$IDEM_THROWAWAY_PG"' EXIT
   export DATABASE_URL=postgres://postgres@127.0.0.1:$1/postgres
 }
+
+# ensure_nextest: cargo-nextest (scripts/test.sh runs the Rust tests with it),
+# installed with cargo when missing: a pinned version, once per machine.
+NEXTEST_VERSION=0.9.143
+ensure_nextest() {
+  cargo nextest --version >/dev/null 2>&1 && return 0
+  echo "==> installing cargo-nextest $NEXTEST_VERSION (once per machine)"
+  cargo install --locked --quiet "cargo-nextest@$NEXTEST_VERSION"
+}

@@ -246,11 +246,22 @@ async fn connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
-/// examples/fence_holder, built once per run for this test's profile
-/// (`cargo test --test` builds no examples).
+/// examples/fence_holder: `$IDEM_FENCE_HOLDER` when set (scripts/test.sh
+/// points it at the workspace build's copy, so no cargo runs while other
+/// parts hold the build directory's lock), else built once per run for
+/// this test's profile (`cargo test --test` builds no examples).
 fn holder_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
+        if let Some(binary) = std::env::var_os("IDEM_FENCE_HOLDER") {
+            let binary = PathBuf::from(binary);
+            assert!(
+                binary.exists(),
+                "IDEM_FENCE_HOLDER={} does not exist",
+                binary.display()
+            );
+            return binary;
+        }
         let exe = std::env::current_exe().expect("the test's path");
         // TARGET_DIR/PROFILE/deps/TEST
         let profile_dir = exe

@@ -37,7 +37,18 @@ async fn key_reused_after_expiry_ends_with_the_newer_version(layout: Layout) {
     let mut conn = redis.conn();
     let key = "reused".to_string();
 
-    let first = complete_keys(&mut conn, std::slice::from_ref(&key), 1);
+    // The first completion lives for TTL only and is mirrored only if it is
+    // pulled before it expires. A writer just started is still migrating
+    // (and, partitioned, making the days ahead: its first pull came 1.6 s
+    // after the start on a loaded machine), so completing at once raced the
+    // start against the TTL and lost as "no row after 30 s". Complete only
+    // once the writer is pulling: then it is blocked in PULL and takes the
+    // record within milliseconds; the 2 s TTL leaves room for a pull that
+    // load delays and is short enough to wait out.
+    const TTL: u64 = 2;
+    let pulling = writer.wait_pulling(1, Duration::from_secs(30)).await;
+    assert!(pulling, "the writer never pulled:\n{}", writer.log_tail());
+    let first = complete_keys(&mut conn, std::slice::from_ref(&key), TTL);
     let pg_url = db.url.clone();
     let mirrored = wait_until(Duration::from_secs(30), || {
         let url = pg_url.clone();
@@ -49,8 +60,12 @@ async fn key_reused_after_expiry_ends_with_the_newer_version(layout: Layout) {
     assert_eq!(rows(&pg).await[&key].token, first[0].token);
 
     // After the TTL the key is gone from Redis and is begun afresh.
-    std::thread::sleep(Duration::from_millis(1_100));
-    assert!(get_record(&mut conn, key.as_bytes()).is_none());
+    let expired = wait_until(Duration::from_secs(TTL + 10), || {
+        let gone = get_record(&mut conn, key.as_bytes()).is_none();
+        async move { gone }
+    })
+    .await;
+    assert!(expired, "{key} outlived its {TTL} s TTL");
     let second = complete_keys(&mut conn, std::slice::from_ref(&key), 3600);
     assert!(second[0].token > first[0].token);
 

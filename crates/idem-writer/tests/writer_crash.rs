@@ -21,10 +21,13 @@ async fn every_completion_is_mirrored_across_writer_crashes() {
     let pg = connect_pg(&db.url).await;
     install_regression_trap(&pg).await;
 
+    // IDEM_CRASH_COMPLETIONS: how many (the writer is killed at least 8
+    // times whatever the number).
+    let total = size("IDEM_CRASH_COMPLETIONS", TOTAL);
     let generator = spawn_generator(
         redis.client(),
         "crash",
-        TOTAL,
+        total,
         CHUNK,
         Duration::from_millis(25),
     );
@@ -40,14 +43,23 @@ async fn every_completion_is_mirrored_across_writer_crashes() {
         writer = WriterProcess::start(&urls, &db.url, &["--batch-size", "400"]);
     }
     let expected = generator.join().expect("generator");
-    assert_eq!(expected.len(), TOTAL);
+    assert_eq!(expected.len(), total);
 
     let mut conn = redis.conn();
-    let drained = wait_drained(&mut conn, &pg, TOTAL as i64, Duration::from_secs(120)).await;
+    let drained = wait_drained(&mut conn, &pg, total as i64, Duration::from_secs(120)).await;
     assert!(drained, "mirror did not drain:\n{}", writer.log_tail());
 
     assert_mirrored_exactly(&pg, &mut conn, &expected).await;
     assert_no_regressions(&pg).await;
     assert!(kills >= 8);
     assert_eq!(writer.http_get("/healthz").0, 200);
+}
+
+/// A size of this run: `${var}` when set (a soak raises it), else the size
+/// scripts/test.sh runs with.
+fn size(var: &str, ci_default: usize) -> usize {
+    std::env::var(var).map_or(ci_default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{var}={v}: a whole number, please"))
+    })
 }

@@ -17,7 +17,8 @@ use idem_testkit::{PgDatabase, RedisConfig};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-const KEYS: i64 = 12;
+/// Keys per run; `IDEM_CHAOS_KEYS` sets another number.
+const KEYS: usize = 12;
 const PROCESSOR_DELAY: Duration = Duration::from_millis(1000);
 /// Originals are inside the processor call this long after they were sent.
 const INTO_THE_CALL: Duration = Duration::from_millis(300);
@@ -197,7 +198,7 @@ impl Clients {
 
     /// One client per key, all at once, against `base`.
     fn spawn(&self, base: &str) -> Vec<JoinHandle<Answer>> {
-        (0..KEYS)
+        (0..keys())
             .map(|key| {
                 let (http, base) = (self.http.clone(), base.to_string());
                 tokio::spawn(async move { (key, pay(&http, &base, key).await) })
@@ -281,7 +282,15 @@ async fn tally(db: &PgDatabase, answers: Vec<Answer>) -> Tally {
         doubled: payments.values().filter(|n| **n > 1).count(),
         double_charged,
         inconsistent: ids.values().filter(|set| set.len() > 1).count(),
-        unpaid: (0..KEYS).filter(|k| !payments.contains_key(k)).count(),
+        unpaid: (0..keys()).filter(|k| !payments.contains_key(k)).count(),
         failures,
     }
+}
+
+fn keys() -> i64 {
+    let keys = std::env::var("IDEM_CHAOS_KEYS").map_or(KEYS, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("IDEM_CHAOS_KEYS={v}: a whole number, please"))
+    });
+    i64::try_from(keys).expect("a key count")
 }

@@ -469,6 +469,23 @@ impl WriterProcess {
         }
     }
 
+    /// Waits up to `timeout` for the writer to be pulling from `nodes` Redis
+    /// nodes: `idem_writer_node_up` is 1 once a node's first
+    /// `IDEM.MIRROR.PULL` has come back, so the migrations, the partitions
+    /// made ahead and the discovery are behind it and a record completed
+    /// from now on is pulled at once. Whether it was.
+    pub async fn wait_pulling(&self, nodes: usize, timeout: Duration) -> bool {
+        wait_until(timeout, || {
+            let metrics = self.http_get("/metrics").1;
+            let up = metrics
+                .lines()
+                .filter(|l| l.starts_with("idem_writer_node_up{") && l.ends_with(" 1"))
+                .count();
+            async move { up >= nodes }
+        })
+        .await
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
