@@ -2,7 +2,10 @@
 # The project's main job: installs what a fresh Debian machine lacks, builds
 # everything in release mode, and runs the whole stack in the foreground:
 #   - redis-server with the idem module (AOF on), port $REDIS_PORT (6390),
-#     data in .data/redis
+#     data in .data/redis; with BACKEND=functions (or scripts) a redis-server
+#     run as a managed service runs it (no module, MODULE renamed away) and
+#     idem runs on the Functions library (functions/idem.lua, loaded with
+#     `idem functions load`; the clients would load it themselves too)
 #   - Postgres: $DATABASE_URL when set, else a throwaway cluster in
 #     .data/postgres on port $PG_PORT (5433, or the next free one)
 #   - the mirror writer (metrics on 127.0.0.1:$METRICS_PORT, 9187)
@@ -26,6 +29,7 @@ PORT=${PORT:-8080}
 METRICS_PORT=${METRICS_PORT:-9187}
 PROCESSOR_DELAY_MS=${PROCESSOR_DELAY_MS:-2000}
 APP=${APP:-rust}
+BACKEND=${BACKEND:-module}
 DATA=$ROOT/.data
 LOGS=$DATA/logs
 
@@ -42,6 +46,10 @@ case $APP in
   rust) api=(target/release/payments-api) ;;
   python | node) api=("examples/payments-$APP/serve") ;;
   *) die "APP=$APP: use rust, python or node" ;;
+esac
+case $BACKEND in
+  module | functions | scripts) ;;
+  *) die "BACKEND=$BACKEND: use module, functions or scripts" ;;
 esac
 if [[ $APP == python ]]; then
   ensure_packages python3:python3
@@ -102,14 +110,24 @@ wait_for() {
   die "$name did not come up in ${seconds}s (see $LOGS)"
 }
 
-# ---- Redis with the module ---------------------------------------------------
-say "starting redis-server with the idem module on 127.0.0.1:$REDIS_PORT (AOF on)"
-start redis "$LOGS/redis.log" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 \
-  --dir "$DATA/redis" --appendonly yes --appendfsync always --save "" \
-  --loadmodule "$MODULE"
+# ---- Redis: with the module, or as a managed service runs it -----------------
+redis_args=(--port "$REDIS_PORT" --bind 127.0.0.1 --dir "$DATA/redis" --appendonly yes
+  --appendfsync always --save "")
+if [[ $BACKEND == module ]]; then
+  say "starting redis-server with the idem module on 127.0.0.1:$REDIS_PORT (AOF on)"
+  redis_args+=(--loadmodule "$MODULE")
+else
+  say "starting redis-server as a managed service runs it (no module, MODULE renamed away) on 127.0.0.1:$REDIS_PORT (AOF on)"
+  redis_args+=(--rename-command MODULE "")
+fi
+start redis "$LOGS/redis.log" redis-server "${redis_args[@]}"
 redis_ping() { [[ $(redis-cli -p "$REDIS_PORT" PING 2>/dev/null) == PONG ]]; }
 wait_for redis-server 20 redis_ping
 REDIS_URL=redis://127.0.0.1:$REDIS_PORT/
+if [[ $BACKEND != module ]]; then
+  say "loading the Functions library"
+  target/release/idem functions load --redis "$REDIS_URL" --file functions/idem.lua
+fi
 
 # ---- Postgres ----------------------------------------------------------------
 if [[ -n ${DATABASE_URL:-} ]]; then
@@ -128,7 +146,8 @@ export DATABASE_URL
 # ---- writer and API ----------------------------------------------------------
 say "starting the mirror writer (metrics on http://127.0.0.1:$METRICS_PORT/metrics)"
 start writer "$LOGS/writer.log" target/release/idem-writer run \
-  --redis "$REDIS_URL" --database-url "$DATABASE_URL" --metrics-addr "127.0.0.1:$METRICS_PORT"
+  --redis "$REDIS_URL" --database-url "$DATABASE_URL" --metrics-addr "127.0.0.1:$METRICS_PORT" \
+  --backend "$([[ $BACKEND == module ]] && echo module || echo functions)"
 
 if [[ $APP != rust ]]; then
   say "installing the $APP example's dependencies (first run only)"
@@ -136,7 +155,7 @@ if [[ $APP != rust ]]; then
 fi
 say "starting the payments API ($APP) on http://127.0.0.1:$PORT"
 start payments-api "$LOGS/api.log" env REDIS_URL="$REDIS_URL" DATABASE_URL="$DATABASE_URL" \
-  PORT="$PORT" PROCESSOR_DELAY_MS="$PROCESSOR_DELAY_MS" ${WAIT_MS:+WAIT_MS="$WAIT_MS"} \
+  PORT="$PORT" PROCESSOR_DELAY_MS="$PROCESSOR_DELAY_MS" ${WAIT_MS:+WAIT_MS="$WAIT_MS"} BACKEND="$BACKEND" \
   IDEM_WRITER="$ROOT/target/release/idem-writer" "${api[@]}"
 api_up() { port_open "$PORT"; }
 wait_for payments-api 60 api_up
@@ -144,21 +163,36 @@ writer_up() { port_open "$METRICS_PORT"; }
 wait_for idem-writer 30 writer_up
 
 # ---- the four outcomes with redis-cli ----------------------------------------
-say "the four IDEM.BEGIN outcomes, with redis-cli"
 cli() {
   printf '127.0.0.1:%s> %s\n' "$REDIS_PORT" "$*"
   redis-cli -p "$REDIS_PORT" --no-raw "$@" | sed 's/^/  /'
 }
 demo_key="demo:{cli}:$(date +%s)"
-printf '127.0.0.1:%s> IDEM.BEGIN %s fp-1 60\n' "$REDIS_PORT" "$demo_key"
-begin_reply=$(redis-cli -p "$REDIS_PORT" --no-raw IDEM.BEGIN "$demo_key" fp-1 60)
+if [[ $BACKEND == module ]]; then
+  say "the four IDEM.BEGIN outcomes, with redis-cli"
+  begin=(IDEM.BEGIN "$demo_key")
+  complete=(IDEM.COMPLETE "$demo_key")
+else
+  say "the four outcomes of the library's idem_begin, with redis-cli"
+  # idem_complete also names the outbox of the key's slot (spec/functions.json).
+  outbox=$(python3 -c 'import json, sys
+sys.path.insert(0, "scripts")
+from importlib import import_module
+slots = import_module("gen-outbox-slots")
+spec = json.load(open("spec/outbox_slots.json"))
+print(spec["prefix"] + spec["tags"][slots.crc16(b"cli") % 16384] + spec["suffix"])')
+  begin=(FCALL idem_begin 1 "$demo_key")
+  complete=(FCALL idem_complete 2 "$demo_key" "$outbox")
+fi
+printf '127.0.0.1:%s> %s fp-1 60\n' "$REDIS_PORT" "${begin[*]}"
+begin_reply=$(redis-cli -p "$REDIS_PORT" --no-raw "${begin[@]}" fp-1 60)
 sed 's/^/  /' <<<"$begin_reply"
 token=$(sed -n 's/^2) (integer) //p' <<<"$begin_reply")
-[[ -n $token ]] || die "IDEM.BEGIN did not answer new: $begin_reply"
-cli IDEM.BEGIN "$demo_key" fp-1 60
-cli IDEM.COMPLETE "$demo_key" "$token" 201 '{"id":"demo"}' HEADER content-type application/json
-cli IDEM.BEGIN "$demo_key" fp-1 60
-cli IDEM.BEGIN "$demo_key" fp-2 60
+[[ -n $token ]] || die "BEGIN did not answer new: $begin_reply"
+cli "${begin[@]}" fp-1 60
+cli "${complete[@]}" "$token" 201 '{"id":"demo"}' HEADER content-type application/json
+cli "${begin[@]}" fp-1 60
+cli "${begin[@]}" fp-2 60
 
 # ---- the four outcomes over HTTP ---------------------------------------------
 base=http://127.0.0.1:$PORT
