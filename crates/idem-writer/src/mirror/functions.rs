@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_core::functions::{self as lib, outbox_for_slot, outbox_key, SLOTS};
+use idem_core::functions::{self as lib, outbox_for_slot, SLOTS};
 use redis::{RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::mirror::redis_node::RedisNode;
@@ -86,17 +86,6 @@ pub async fn detect(node: &mut RedisNode) -> RedisResult<(NodeBackend, Option<i6
         Err(e) if e.code().is_none() => Err(e),
         Err(_) => Ok((NodeBackend::None, None)),
     }
-}
-
-/// `FCALL idem_mirror_ack 2 key outbox token`.
-pub fn ack_cmd(key: &str, token: i64) -> redis::Cmd {
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(lib::MIRROR_ACK)
-        .arg(2)
-        .arg(key)
-        .arg(outbox_key(key.as_bytes()))
-        .arg(token);
-    cmd
 }
 
 /// Every slot's outbox name, made once.
@@ -477,7 +466,7 @@ mod tests {
 
     #[test]
     fn acks_name_the_records_outbox() {
-        let cmd = ack_cmd("idem:{acct}:k", 7);
+        let cmd = crate::mirror::redis_node::library_ack_cmd("idem:{acct}:k", 7);
         let args: Vec<Vec<u8>> = cmd
             .args_iter()
             .map(|a| match a {
@@ -485,7 +474,7 @@ mod tests {
                 _ => Vec::new(),
             })
             .collect();
-        let outbox = outbox_key(b"idem:{acct}:k");
+        let outbox = idem_core::functions::outbox_key(b"idem:{acct}:k");
         let want: Vec<&[u8]> = vec![
             b"FCALL",
             b"idem_mirror_ack",

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use idem_core::args::{duration_ms, Ack, Encode, KeyToken, Pull};
+use idem_core::functions::{self as lib, outbox_key};
 use idem_core::wire::ErrorCode;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisResult, ServerErrorKind, Value};
@@ -227,6 +228,17 @@ fn refused(e: &redis::RedisError) -> bool {
     )
 }
 
+/// `FCALL idem_mirror_ack 2 key outbox token`.
+pub(crate) fn library_ack_cmd(key: &str, token: i64) -> redis::Cmd {
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(lib::MIRROR_ACK)
+        .arg(2)
+        .arg(key)
+        .arg(outbox_key(key.as_bytes()))
+        .arg(token);
+    cmd
+}
+
 /// An integer field `name:value` of an INFO section.
 fn info_field(text: &str, name: &str) -> Option<i64> {
     text.lines().find_map(|line| {
@@ -240,7 +252,7 @@ fn info_field(text: &str, name: &str) -> Option<i64> {
 /// `idem_mirror_ack` when `functions`.
 fn ack_cmd(key: &str, token: i64, functions: bool) -> redis::Cmd {
     if functions {
-        return crate::mirror::functions::ack_cmd(key, token);
+        return library_ack_cmd(key, token);
     }
     Ack(KeyToken {
         key: key.as_bytes(),
