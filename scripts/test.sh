@@ -38,6 +38,18 @@ ensure_database_url 54329 # replaces the trap when it starts a throwaway cluster
 run_gates() {
   cargo fmt --all --check
   python3 scripts/lib/import_cycles.py src crates/idem-core/src crates/idem-client/src crates/idem-writer/src crates/idem-cli/src
+  # Generated data is what its generator writes.
+  python3 scripts/gen-outbox-slots.py --check
+  # The module's unsafe code lives in src/ffi only (docs/layout.md).
+  if grep -rnw --include='*.rs' unsafe src | grep -v '^src/ffi/' | grep -v 'undocumented_unsafe_blocks'; then
+    echo "unsafe outside src/ffi (above): put it behind a safe wrapper in src/ffi" >&2
+    return 1
+  fi
+  # The commit format (CONTRIBUTING.md) for every commit since the hook
+  # came (b72d51e, whose subject is over 72, predates it on its branch).
+  if git rev-parse -q --verify b72d51e^{commit} >/dev/null; then
+    scripts/hooks/commit-msg --range b72d51e..HEAD
+  fi
 }
 
 # One build for every part: the test binaries, the examples (the fence test's
