@@ -1,10 +1,12 @@
 //! Settings from the environment: `REDIS_URL`, `DATABASE_URL`, `PORT`,
 //! `READ_THROUGH`, `WAIT_MS`, `LEASE_MS`, `PG_POOL_SIZE`,
-//! `PROCESSOR_DELAY_MS`, `FENCE`, `REPLICA_ACK`.
+//! `PROCESSOR_DELAY_MS`, `FENCE`, `REPLICA_ACK`, `API_TOKENS`.
 
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+
+use crate::auth::Tokens;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -25,6 +27,11 @@ pub struct Settings {
     /// that many replicas acknowledged it within the timeout, else 503
     /// (the layer's `replica_ack`; default: off).
     pub replica_ack: Option<(u32, Duration)>,
+    /// `API_TOKENS="tok_a=acct_1,tok_b=acct_2"`: the bearer tokens callers
+    /// authenticate with and the account each maps to (default: the demo
+    /// table `auth::DEMO_TOKENS`, for scripts/up.sh and the conformance
+    /// suite; never deploy it).
+    pub tokens: Tokens,
 }
 
 impl Settings {
@@ -56,7 +63,12 @@ impl Settings {
             None => None,
             Some(value) => replica_ack(&value)?,
         };
+        let tokens = match get("API_TOKENS") {
+            Some(table) => Tokens::parse(&table)?,
+            None => Tokens::demo(),
+        };
         Ok(Settings {
+            tokens,
             replica_ack,
             processor_delay,
             redis_url,
@@ -127,6 +139,15 @@ mod tests {
         assert!(s.fence);
         assert_eq!(s.wait, None);
         assert_eq!(s.replica_ack, None);
+        assert_eq!(s.tokens, Tokens::demo());
+    }
+
+    #[test]
+    fn api_tokens_map_bearer_tokens_to_accounts() {
+        let s = settings(&[("DATABASE_URL", "x"), ("API_TOKENS", "t1=acct_1,t2=acct_2")]).unwrap();
+        assert_eq!(s.tokens.account(b"Bearer t2"), Some("acct_2"));
+        assert_eq!(s.tokens.account(b"Bearer tok_demo"), None, "no demo token");
+        assert!(settings(&[("DATABASE_URL", "x"), ("API_TOKENS", "t1")]).is_err());
     }
 
     #[test]
