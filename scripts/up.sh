@@ -18,7 +18,9 @@
 # show the four HTTP outcomes, and stops everything it started on Ctrl-C.
 # Logs: .data/logs/. Other knobs: PROCESSOR_DELAY_MS (simulated payment
 # processor latency, 2000, so that a duplicate can catch the original in
-# flight), WAIT_MS (duplicates wait for the original's answer instead of 409).
+# flight), WAIT_MS (duplicates wait for the original's answer instead of 409),
+# API_TOKENS (the bearer tokens the API accepts and their accounts; unset:
+# the demo table tok_demo=acct_demo,tok_a=acct_a,tok_b=acct_b).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -199,7 +201,10 @@ base=http://127.0.0.1:$PORT
 run_id=$(date +%s)
 body='{"amount":1000,"currency":"EUR","recipient":"acct_bob"}'
 other='{"amount":2000,"currency":"EUR","recipient":"acct_bob"}'
-post="curl -si $base/payments -H 'Content-Type: application/json' -H 'X-Account-Id: acct_demo'"
+# The API authenticates callers by bearer token (API_TOKENS; the demo table
+# when unset); the token's account scopes the idempotency keys.
+auth="-H 'Authorization: Bearer tok_demo'"
+post="curl -si $base/payments -H 'Content-Type: application/json' $auth"
 cat <<EOF
 
 $(say "the payments API is up on $base; try the four outcomes:")
@@ -219,7 +224,13 @@ $post -H 'Idempotency-Key: "order-$run_id-b"' -d '$body' -o /dev/null & sleep 0.
 $post -H 'Idempotency-Key: "order-$run_id-b"' -d '$body'; wait
 
 # read a payment back
-curl -s $base/payments/1
+curl -s $auth $base/payments/1
+
+# another account (tok_a) with the same key and body: its own payment, no replay
+curl -si $base/payments -H 'Content-Type: application/json' -H 'Authorization: Bearer tok_a' -H 'Idempotency-Key: "order-$run_id"' -d '$body'
+
+# no token (or an unknown one) -> 401 before idempotency runs; X-Account-Id is not trusted
+curl -si $base/payments -H 'Content-Type: application/json' -H 'X-Account-Id: acct_demo' -H 'Idempotency-Key: "order-$run_id"' -d '$body'
 
 # Redis lost everything? The writer mirrored the answer to Postgres; read-through replays it:
 redis-cli -p $REDIS_PORT FLUSHALL

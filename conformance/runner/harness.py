@@ -253,7 +253,8 @@ class Stack:
             if not proc.alive():
                 raise HarnessError(f"{proc.name} exited:\n{proc.log()}")
             try:
-                reply = httpx.get(f"{base}/payments/0", timeout=2)
+                auth = {"authorization": "Bearer tok_demo"}  # the apps' demo API_TOKENS
+                reply = httpx.get(f"{base}/payments/0", headers=auth, timeout=2)
                 if reply.status_code != 404:
                     raise HarnessError(f"{proc.name}: GET /payments/0 answered {reply.status_code}")
                 return

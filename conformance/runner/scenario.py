@@ -42,7 +42,7 @@ STEP_OPTIONS = {
     "known_differences",
 }  # fmt: skip
 REQUEST_FIELDS = {
-    "method", "path", "instance", "key", "key_lines", "tenant", "json", "body",
+    "method", "path", "instance", "key", "key_lines", "token", "json", "body",
     "body_repeat", "content_type", "headers",
 }  # fmt: skip
 STORM_EXPECTATIONS = {"each", "originals", "all_status", "successes_same_body"}
@@ -132,8 +132,9 @@ class Run:
             headers.append(("idempotency-key", spec["key"]))
         for line in spec.get("key_lines", []):
             headers.append(("idempotency-key", line))
-        if spec.get("tenant") is not None:
-            headers.append(("x-account-id", spec["tenant"]))
+        token = spec.get("token", "tok_demo")  # the apps' demo API_TOKENS; null: none
+        if token is not None:
+            headers.append(("authorization", f"Bearer {token}"))
         content: bytes
         if "json" in spec:
             content = json.dumps(spec["json"]).encode()

@@ -35,7 +35,7 @@ async function handle(flow: Idempotency, req: IdempotentRequest, res: ServerResp
     next();
     return;
   }
-  const request: HttpRequest = { method, target: req.originalUrl ?? req.url ?? "/", headers: headerPairs(req.rawHeaders), body: Buffer.alloc(0) };
+  const request: HttpRequest = { method, target: req.originalUrl ?? req.url ?? "/", headers: headerPairs(req.rawHeaders), body: Buffer.alloc(0), source: req };
   let key: string | null = "invalid";
   try {
     key = flow.keyOf(request);

@@ -39,7 +39,7 @@ export function idempotencyPlugin(fastify: FastifyInstance, options: Idempotency
   fastify.addHook("preParsing", async (request: FastifyRequest, reply: FastifyReply, payload: Readable) => {
     const method = request.method.toUpperCase();
     if (!flow.covers(method)) return payload;
-    const http: HttpRequest = { method, target: request.raw.url ?? "/", headers: headerPairs(request.raw.rawHeaders), body: Buffer.alloc(0) };
+    const http: HttpRequest = { method, target: request.raw.url ?? "/", headers: headerPairs(request.raw.rawHeaders), body: Buffer.alloc(0), source: request };
     let key: string | null = "invalid";
     try {
       key = flow.keyOf(http);

@@ -22,7 +22,19 @@ export * from "./errors.js";
 export * from "./types.js";
 export { canonicalize, formatDouble, MAX_DEPTH } from "./canonicalJson.js";
 export { Fingerprinter, downstreamKey, downstreamKeyOf, isJsonContentType, storedHex, type FingerprinterOptions, type HeaderPairs } from "./fingerprint.js";
-export { InvalidKeyError, MAX_KEY_BYTES, parseKey, parseValue, redisKey, tenantOfLines, type KeyErrorKind } from "./keys.js";
+export {
+  checkTenant,
+  InvalidKeyError,
+  InvalidTenantError,
+  MAX_KEY_BYTES,
+  MAX_TENANT_BYTES,
+  parseKey,
+  parseValue,
+  redisKey,
+  tenantOfLines,
+  type KeyErrorKind,
+  type TenantProblem,
+} from "./keys.js";
 export { ReadThrough, decodeRow, type MirroredRecord } from "./readThrough.js";
 export { Fence, FenceReport, decide, type Claim, type Committed, type FenceOptions, type Held, type Layout, type Lost, type Proceed } from "./fence.js";
 export {

@@ -6,7 +6,34 @@ import * as spec from "./spec.js";
 /** Longest key accepted, in bytes (after unquoting). */
 export const MAX_KEY_BYTES = 255;
 
+/**
+ * Longest tenant accepted, in bytes (its UTF-8; spec/http.json defaults.max_tenant_bytes): with MAX_KEY_BYTES every
+ * Redis key the middleware makes stays under the 2,048 bytes the writer's mirror takes.
+ */
+export const MAX_TENANT_BYTES = 128;
+
 export type KeyErrorKind = "empty" | "too_long" | "malformed" | "repeated";
+export type TenantProblem = "missing_tenant" | "invalid_tenant";
+
+/** A configured tenant source gave no tenant or an empty one (missing_tenant), or one over MAX_TENANT_BYTES (invalid_tenant). */
+export class InvalidTenantError extends Error {
+  readonly problem: TenantProblem;
+  constructor(problem: TenantProblem) {
+    super(spec.http().problems[problem].detail ?? problem);
+    this.name = "InvalidTenantError";
+    this.problem = problem;
+  }
+}
+
+/**
+ * The tenant a configured source gave, checked: absent and empty are refused (they would share the anonymous scope),
+ * and so is one longer than MAX_TENANT_BYTES; throws InvalidTenantError.
+ */
+export function checkTenant(tenant: string | null | undefined): string {
+  if (tenant === null || tenant === undefined || tenant === "") throw new InvalidTenantError("missing_tenant");
+  if (Buffer.byteLength(tenant, "utf8") > MAX_TENANT_BYTES) throw new InvalidTenantError("invalid_tenant");
+  return tenant;
+}
 
 /** Why an Idempotency-Key header was rejected; `detail` is the 400 problem's detail (spec/http.json). */
 export class InvalidKeyError extends Error {

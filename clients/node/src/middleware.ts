@@ -23,7 +23,7 @@ import { canonicalize } from "./canonicalJson.js";
 import { CompletedError, IdemError, NoBackendError, NotFoundError, PostgresError, StaleError } from "./errors.js";
 import { Fence, FenceReport, type Claim, type Layout } from "./fence.js";
 import { Fingerprinter } from "./fingerprint.js";
-import { InvalidKeyError, parseKey, redisKey, tenantOfLines } from "./keys.js";
+import { checkTenant, InvalidKeyError, InvalidTenantError, parseKey, redisKey, tenantOfLines } from "./keys.js";
 import type { Pool } from "pg";
 import type { IdemClient } from "./client.js";
 import type { ReadThrough } from "./readThrough.js";
@@ -36,6 +36,11 @@ export interface HttpRequest {
   target: string;
   headers: [string, Buffer][];
   body: Buffer;
+  /**
+   * The framework's own request: Express's `req`, Fastify's `request` (after its onRequest hooks). A `tenant`
+   * callback reads what the app's authentication left on it.
+   */
+  source?: unknown;
 }
 
 /** A response to send. */
@@ -58,8 +63,14 @@ export interface IdempotencyOptions {
   methods?: string[];
   header?: string;
   required?: boolean;
-  /** The request's tenant (its keys are scoped by it); or tenantHeader. */
-  tenant?: (request: HttpRequest) => string | null;
+  /**
+   * The request's tenant, which scopes its keys: the **authenticated caller**, as the app's authentication (run
+   * before the middleware) left it on the framework's request, e.g. `(r) => (r.source as AuthedRequest).account`;
+   * never a value the client picks. With a tenant source, none (null, undefined) or an empty one is a 400
+   * missing_tenant and one over MAX_TENANT_BYTES a 400 invalid_tenant; without one, every caller shares one scope.
+   */
+  tenant?: (request: HttpRequest) => string | null | undefined;
+  /** Scopes keys by a header's value: only for a header a gateway sets after authenticating the caller. */
   tenantHeader?: string;
   keyPrefix?: string;
   ttlMs?: number;
@@ -160,7 +171,7 @@ export class Idempotency {
   readonly methods: ReadonlySet<string>;
   readonly header: string;
   readonly required: boolean;
-  readonly tenant: ((request: HttpRequest) => string | null) | undefined;
+  readonly tenant: ((request: HttpRequest) => string | null | undefined) | undefined;
   readonly keyPrefix: string;
   readonly ttlMs: number;
   readonly leaseMs: number;
@@ -240,7 +251,15 @@ export class Idempotency {
     }
     if (key === null) return this.required ? { kind: "respond", response: problem("missing_key") } : { kind: "pass" };
     if (request.body.length > this.maxRequestBody) return { kind: "respond", response: problem("request_too_large") };
-    const tenant = this.tenant?.(request) ?? "";
+    let tenant = ""; // no tenant source: the one anonymous scope
+    if (this.tenant !== undefined) {
+      try {
+        tenant = checkTenant(this.tenant(request));
+      } catch (err) {
+        if (err instanceof InvalidTenantError) return { kind: "respond", response: problem(err.problem) };
+        throw err;
+      }
+    }
     const rkey = redisKey(this.keyPrefix, tenant, key);
     const fingerprint = this.fingerprinter.fingerprint(request.method, request.target, request.headers, request.body);
     let outcome: Outcome;

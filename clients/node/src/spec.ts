@@ -47,6 +47,8 @@ export type ProblemName =
   | "unreadable_request"
   | "in_flight"
   | "mismatch"
+  | "missing_tenant"
+  | "invalid_tenant"
   | "unavailable"
   | "internal";
 
@@ -65,6 +67,7 @@ export interface HttpSpec {
     methods: string[];
     header: string;
     required: boolean;
+    max_tenant_bytes: number;
     key_prefix: string;
     ttl_ms: number;
     lease_ms: number;

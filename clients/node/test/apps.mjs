@@ -78,11 +78,12 @@ function ctxOf(path, target, headers, rawBody, idem) {
   return { path, query: url.searchParams, body: rawBody ?? Buffer.alloc(0), key: `${headers["x-account-id"] ?? ""}/${keyHeader ?? "-"}`, idem };
 }
 
-/** An Express app with the middleware, listening on a free port. */
-export async function expressApp(options, extra = () => ({})) {
+/** An Express app with the middleware, listening on a free port; `beforeMiddleware(app)` runs before it is mounted. */
+export async function expressApp(options, extra = () => ({}), beforeMiddleware = () => undefined) {
   const calls = new Calls();
   const app = express();
   const mw = idempotency(options);
+  beforeMiddleware(app);
   app.use(mw);
   for (const [path, handler] of Object.entries(routes(calls, extra))) {
     app.post(path, async (req, res) => {

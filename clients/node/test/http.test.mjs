@@ -40,7 +40,7 @@ function assertProblem(res, name) {
 
 for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
   const withApp = async (options, f, extra) => {
-    const app = await makeApp({ client, logger: quiet, tenantHeader: "x-account-id", ...options }, extra);
+    const app = await makeApp({ client, logger: quiet, ...options }, extra);
     try {
       await f(app);
     } finally {
@@ -163,7 +163,7 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
     }));
 
   test(`${framework}: tenants scope keys`, () =>
-    withApp({}, async (app) => {
+    withApp({ tenantHeader: "x-account-id" }, async (app) => {
       const k = newKey();
       const as = (tenant) => request(app.url, { path: "/echo", headers: [["idempotency-key", k], ["x-account-id", tenant]] });
       assert.equal((await as("acct-1")).status, 201);
@@ -173,6 +173,68 @@ for (const [framework, makeApp] of Object.entries(FRAMEWORKS)) {
       assert.equal((await as("acct-1")).headers["idempotent-replayed"], "true");
       assert.equal((await client.get(idem.redisKey(HTTP.defaults.key_prefix, "acct-1", k))).state, "completed");
       assert.equal((await client.get(idem.redisKey(HTTP.defaults.key_prefix, "acct-2", k))).state, "completed");
+    }));
+
+  test(`${framework}: a tenant header that is missing, empty or too long is refused`, () =>
+    withApp({ tenantHeader: "x-account-id" }, async (app) => {
+      const k = newKey();
+      const as = (lines) => request(app.url, { path: "/echo", headers: [["idempotency-key", k], ...lines.map((t) => ["x-account-id", t])] });
+      assertProblem(await as([]), "missing_tenant");
+      assertProblem(await as([""]), "missing_tenant");
+      assertProblem(await as(["a".repeat(8192)]), "invalid_tenant");
+      assertProblem(await as(["a".repeat(129)]), "invalid_tenant");
+      assert.equal(app.calls.of(`echo:/${k}`) + app.calls.of(`echo:${"a".repeat(129)}/${k}`), 0, "no refused request ran");
+      assert.equal(await client.get(idem.redisKey(HTTP.defaults.key_prefix, "", k)), null, "no anonymous scope");
+      assert.equal((await as(["a".repeat(128)])).status, 201, "at the bound");
+    }));
+
+  test(`${framework}: the tenant comes from the authenticated caller (the framework's request)`, async () => {
+    const tokens = { tok_a: "acct_1", tok_b: "acct_2", tok_empty: "", tok_128: "a".repeat(128), tok_129: "a".repeat(129), tok_utf8_129: "\u00e9".repeat(64) + "a" };
+    const accountOf = (headers) => {
+      const auth = headers.authorization ?? "";
+      return auth.startsWith("Bearer ") ? tokens[auth.slice(7)] : undefined;
+    };
+    const before =
+      framework === "express"
+        ? (app) =>
+            app.use((req, _res, next) => {
+              req.account = accountOf(req.headers);
+              next();
+            })
+        : (app) =>
+            app.addHook("onRequest", async (request) => {
+              request.account = accountOf(request.headers);
+            });
+    const app = await makeApp({ client, logger: quiet, tenant: (r) => r.source.account }, () => ({}), before);
+    try {
+      const k = newKey();
+      const as = (token) => request(app.url, { path: "/echo", headers: [["idempotency-key", k], ...(token === undefined ? [] : [["authorization", `Bearer ${token}`]])] });
+      const a = await as("tok_a");
+      const b = await as("tok_b");
+      assert.equal(a.status, 201);
+      assert.equal(b.status, 201);
+      assert.equal(b.headers["idempotent-replayed"], undefined, "acct_1's response went to acct_2");
+      assert.equal((await as("tok_a")).headers["idempotent-replayed"], "true");
+      assert.equal(app.calls.of(`echo:/${k}`), 2);
+      for (const token of [undefined, "tok_unknown", "tok_empty"]) assertProblem(await as(token), "missing_tenant");
+      for (const token of ["tok_129", "tok_utf8_129"]) assertProblem(await as(token), "invalid_tenant");
+      assert.equal(app.calls.of(`echo:/${k}`), 2, "no refused request ran");
+      assert.equal(await client.get(idem.redisKey(HTTP.defaults.key_prefix, "", k)), null, "no anonymous scope");
+      assert.equal((await as("tok_128")).status, 201, "at the bound");
+      assert.equal((await client.get(idem.redisKey(HTTP.defaults.key_prefix, "a".repeat(128), k))).state, "completed");
+    } finally {
+      await app.close();
+    }
+  });
+
+  test(`${framework}: without a tenant source every caller shares one scope`, () =>
+    withApp({}, async (app) => {
+      const k = newKey();
+      const first = await request(app.url, { path: "/echo", headers: [["idempotency-key", k], ["authorization", "Bearer tok_a"]] });
+      const other = await request(app.url, { path: "/echo", headers: [["idempotency-key", k], ["authorization", "Bearer tok_b"]] });
+      assert.equal(first.status, 201);
+      assert.equal(other.headers["idempotent-replayed"], "true");
+      assert.notEqual(await client.get(idem.redisKey(HTTP.defaults.key_prefix, "", k)), null);
     }));
 
   test(`${framework}: wait_for_result gives a duplicate the original's answer`, () =>

@@ -64,6 +64,20 @@ test("the Idempotency-Key header, tenants and Redis key names", () => {
   assert.equal(doc.max_key_bytes, idem.MAX_KEY_BYTES);
 });
 
+test("tenants with a tenant source: missing, empty and too long are refused (keys.json tenant_check)", () => {
+  const doc = loadSpec("vectors/keys.json");
+  assert.equal(doc.max_tenant_bytes, idem.MAX_TENANT_BYTES);
+  assert.equal(loadSpec("http.json").defaults.max_tenant_bytes, idem.MAX_TENANT_BYTES);
+  for (const c of doc.tenant_check) {
+    const tenant = "lines" in c ? idem.tenantOfLines(c.lines.map(b)) : c.value;
+    if ("error" in c.expected) {
+      assert.throws(() => idem.checkTenant(tenant), (err) => err instanceof idem.InvalidTenantError && err.problem === c.expected.error, c.name);
+    } else {
+      assert.equal(idem.checkTenant(tenant), c.expected.tenant, c.name);
+    }
+  }
+});
+
 test("the downstream key", () => {
   for (const c of loadSpec("vectors/downstream_key.json").cases) assert.equal(idem.downstreamKey(c.key, b(c.fingerprint)), c.expected);
 });

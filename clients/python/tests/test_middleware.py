@@ -247,6 +247,89 @@ async def test_tenants_scope_keys(http: Any, aclient: idem.asyncio.IdemClient) -
     assert await aclient.get(idem.redis_key("idem:", "acct_b", k)) is not None
 
 
+TOKENS = {
+    "tok_a": "acct_1",
+    "tok_b": "acct_2",
+    "tok_empty": "",
+    "tok_128": "a" * 128,
+    "tok_129": "a" * 129,
+    "tok_utf8_129": "\u00e9" * 64 + "a",
+}
+
+
+def authenticating(app: Any) -> Any:
+    """A stand-in for the app's authentication, outside the middleware: a
+    known bearer token leaves its account in ``scope["state"]``."""
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+            scope.setdefault("state", {})
+            if auth.startswith("Bearer ") and auth[7:] in TOKENS:
+                scope["state"]["account"] = TOKENS[auth[7:]]
+        await app(scope, receive, send)
+
+    return asgi
+
+
+def authed_client(handler: Handler, aclient: idem.asyncio.IdemClient, **options: Any) -> Any:
+    app = authenticating(make_app(handler, client=aclient, **options))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+async def test_the_tenant_comes_from_the_authenticated_caller(
+    aclient: idem.asyncio.IdemClient,
+) -> None:
+    h = Handler()
+    tenant = lambda scope: scope["state"].get("account")  # noqa: E731
+    async with authed_client(h, aclient, tenant=tenant) as c:
+        k = unique()
+
+        def as_(token: str | None) -> Any:
+            headers = {} if token is None else {"authorization": f"Bearer {token}"}
+            return post(c, k, headers=headers)
+
+        a, b = await as_("tok_a"), await as_("tok_b")
+        assert a.status_code == b.status_code == 201
+        assert "idempotent-replayed" not in b.headers, "acct_1's response went to acct_2"
+        assert (await as_("tok_a")).headers["idempotent-replayed"] == "true"
+        assert h.runs == 2
+        for token in (None, "tok_unknown", "tok_empty"):
+            assert_problem(await as_(token), "missing_tenant")
+        for token in ("tok_129", "tok_utf8_129"):
+            assert_problem(await as_(token), "invalid_tenant")
+        assert h.runs == 2, "no refused request ran"
+        assert await aclient.get(idem.redis_key("idem:", "", k)) is None, "no anonymous scope"
+        assert await aclient.get(idem.redis_key("idem:", "a" * 129, k)) is None
+        assert (await as_("tok_128")).status_code == 201, "at the bound"
+        assert await aclient.get(idem.redis_key("idem:", "a" * 128, k)) is not None
+
+
+async def test_a_tenant_header_that_is_missing_or_empty_is_refused(http: Any) -> None:
+    h = Handler()
+    c = http(h, tenant_header="x-account-id")
+    k = unique()
+    assert_problem(await post(c, k), "missing_tenant")
+    assert_problem(await post(c, k, headers={"x-account-id": ""}), "missing_tenant")
+    assert_problem(await post(c, k, headers={"x-account-id": "a" * 8192}), "invalid_tenant")
+    assert h.runs == 0
+    assert (await post(c, k, headers={"x-account-id": "a" * 128})).status_code == 201
+
+
+async def test_without_a_tenant_source_every_caller_shares_one_scope(
+    aclient: idem.asyncio.IdemClient,
+) -> None:
+    h = Handler()
+    async with authed_client(h, aclient) as c:
+        k = unique()
+        first = await post(c, k, headers={"authorization": "Bearer tok_a"})
+        other = await post(c, k, headers={"x-account-id": "a" * 8192})
+        assert first.status_code == other.status_code == 201
+        assert other.headers["idempotent-replayed"] == "true"
+        assert h.runs == 1
+        assert await aclient.get(idem.redis_key("idem:", "", k)) is not None
+
+
 async def test_wait_for_result_gives_duplicates_the_original_answer(http: Any) -> None:
     h = Handler()
     h.release.clear()

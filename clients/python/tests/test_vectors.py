@@ -106,6 +106,26 @@ def test_max_key_bytes() -> None:
     assert load("vectors/keys.json")["max_key_bytes"] == idem.keys.MAX_KEY_BYTES
 
 
+def test_max_tenant_bytes() -> None:
+    assert load("vectors/keys.json")["max_tenant_bytes"] == idem.keys.MAX_TENANT_BYTES
+    assert load("http.json")["defaults"]["max_tenant_bytes"] == idem.keys.MAX_TENANT_BYTES
+
+
+@pytest.mark.parametrize("case", cases("vectors/keys.json", "tenant_check"))
+def test_tenant_check(case: dict[str, Any]) -> None:
+    if "lines" in case:
+        tenant = tenant_of_lines([b(line) for line in case["lines"]])
+    else:
+        tenant = case["value"]
+    expected = case["expected"]
+    if "error" in expected:
+        with pytest.raises(idem.InvalidTenantError) as err:
+            idem.check_tenant(tenant)
+        assert err.value.problem == expected["error"]
+    else:
+        assert idem.check_tenant(tenant) == expected["tenant"]
+
+
 @pytest.mark.parametrize("case", cases("vectors/downstream_key.json"))
 def test_downstream_key(case: dict[str, Any]) -> None:
     assert idem.downstream_key(case["key"], b(case["fingerprint"])) == case["expected"]

@@ -312,6 +312,101 @@ async fn a_repeated_tenant_header_is_not_its_first_line() {
     assert!(post_as(&["acct_b"]).await.replayed());
 }
 
+/// The account the app's authentication found, left in the request's
+/// extensions for the layer's tenant callback.
+#[derive(Clone)]
+struct Account(String);
+
+/// A stand-in for the app's authentication: bearer tokens mapped to
+/// accounts (`tok_empty` to an empty one, `tok_128`/`tok_129` to long ones);
+/// an unknown or missing token leaves no account.
+async fn authenticate(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let token = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let account = match token {
+        Some("tok_a") => Some("acct_1".to_string()),
+        Some("tok_b") => Some("acct_2".to_string()),
+        Some("tok_empty") => Some(String::new()),
+        Some("tok_128") => Some("a".repeat(128)),
+        Some("tok_129") => Some("a".repeat(129)),
+        _ => None,
+    };
+    if let Some(account) = account {
+        request.extensions_mut().insert(Account(account));
+    }
+    next.run(request).await
+}
+
+/// The tenant is the authenticated caller, read from the request's
+/// extensions: the same key and body from another account runs its own
+/// request; no account (or an empty one) is 400 `missing_tenant` and one
+/// over 128 bytes 400 `invalid_tenant`, with nothing in Redis and the
+/// handler not run. Before, such a request went to the anonymous scope,
+/// shared with every caller that had none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_comes_from_the_authenticated_caller() {
+    let redis = RedisServer::start();
+    let client = IdemClient::new(redis.async_conn().await);
+    let layer = IdempotencyLayer::new(client)
+        .tenant(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()));
+    let calls = Calls::default();
+    let app = routes(calls.clone())
+        .layer(layer)
+        .layer(axum::middleware::from_fn(authenticate));
+    let server = Server::start(app).await;
+    let post_as = |token: Option<&'static str>| {
+        let mut request = reqwest::Client::new().post(format!("{}/ok", server.base));
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        send(request, Some("k"), "{}")
+    };
+
+    let a = post_as(Some("tok_a")).await;
+    let b = post_as(Some("tok_b")).await;
+    assert_eq!((a.status, b.status), (201, 201));
+    assert!(!b.replayed(), "acct_1's response went to acct_2");
+    assert!(post_as(Some("tok_a")).await.replayed());
+    assert_eq!(calls.count(), 2);
+
+    for (token, problem) in [
+        (None, "missing-tenant"),
+        (Some("tok_unknown"), "missing-tenant"),
+        (Some("tok_empty"), "missing-tenant"),
+        (Some("tok_129"), "invalid-tenant"),
+    ] {
+        let refused = post_as(token).await;
+        assert_eq!(refused.status, 400, "{token:?}");
+        assert_eq!(
+            refused.json()["type"],
+            format!("urn:idem:problem:{problem}"),
+            "{token:?}"
+        );
+    }
+    assert_eq!(calls.count(), 2, "no refused request ran");
+    let mut conn = redis.async_conn().await;
+    assert_eq!(
+        state_of(&mut conn, "idem:{:k}").await,
+        None,
+        "no anonymous scope"
+    );
+    let long = format!("idem:{{{}:k}}", "a".repeat(129));
+    assert_eq!(state_of(&mut conn, &long).await, None);
+
+    assert_eq!(post_as(Some("tok_128")).await.status, 201, "at the bound");
+    let at_bound = format!("idem:{{{}:k}}", "a".repeat(128));
+    assert_eq!(
+        state_of(&mut conn, &at_bound).await.as_deref(),
+        Some("completed")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sf_string_and_bare_token_are_the_same_key() {
     let f = Fixture::start(|l| l).await;

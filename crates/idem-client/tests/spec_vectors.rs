@@ -21,8 +21,8 @@ use axum::routing::post;
 use axum::Router;
 use idem_client::canonical_json::{canonicalize, format_double};
 use idem_client::middleware::{
-    default_store_policy, parse_key_header, redis_key, KeyError, Problem, IDEMPOTENT_REPLAYED,
-    MAX_KEY_BYTES,
+    check_tenant, default_store_policy, parse_key_header, redis_key, KeyError, Problem,
+    TenantError, IDEMPOTENT_REPLAYED, MAX_KEY_BYTES, MAX_TENANT_BYTES,
 };
 use idem_client::{
     Fence, Fingerprinter, IdemClient, IdemError, IdempotencyLayer, MemoryStore,
@@ -347,6 +347,29 @@ fn keys() {
         let actual = spec_tenant(&lines).map_or(Value::Null, Value::String);
         expect(case, "expected", actual)
     });
+    assert_eq!(
+        uint(&file.doc["max_tenant_bytes"]) as usize,
+        MAX_TENANT_BYTES
+    );
+    file.cases("tenant_check", |case| {
+        let tenant = match (case.get("lines"), case.get("value")) {
+            (Some(lines), None) => {
+                let lines: Vec<Vec<u8>> = lines.as_array().unwrap().iter().map(bytes).collect();
+                spec_tenant(&lines)
+            }
+            (None, Some(value)) => value.as_str().map(str::to_owned),
+            _ => panic!("a tenant_check case has lines or a value: {case:?}"),
+        };
+        expect(case, "expected", tenant_check_json(check_tenant(tenant)))
+    });
+}
+
+fn tenant_check_json(checked: Result<String, TenantError>) -> Value {
+    match checked {
+        Ok(tenant) => json!({ "tenant": tenant }),
+        Err(TenantError::Missing) => json!({ "error": "missing_tenant" }),
+        Err(TenantError::TooLong) => json!({ "error": "invalid_tenant" }),
+    }
 }
 
 fn key_error_kind(err: &KeyError) -> &'static str {
@@ -417,12 +440,105 @@ async fn tenants_scope_keys_as_the_spec_says() {
                 HeaderValue::from_bytes(&bytes(line)).unwrap(),
             );
         }
-        let (status, _, _) = call(&app, request.body(Body::from("{}")).unwrap()).await;
-        assert_eq!(status, StatusCode::CREATED);
-        let tenant = case["expected"].as_str().unwrap_or("");
-        let key = redis_key("idem:", tenant, "k");
-        assert!(get_record(&store, &key).await.is_some(), "{case}: {key:?}");
+        let (status, _, body) = call(&app, request.body(Body::from("{}")).unwrap()).await;
+        match case["expected"]
+            .as_str()
+            .filter(|tenant| !tenant.is_empty())
+        {
+            Some(tenant) => {
+                assert_eq!(status, StatusCode::CREATED, "{case}");
+                let key = redis_key("idem:", tenant, "k");
+                assert!(get_record(&store, &key).await.is_some(), "{case}: {key:?}");
+            }
+            // A layer with a tenant source never uses the anonymous scope.
+            None => {
+                assert_eq!(status, StatusCode::BAD_REQUEST, "{case}");
+                let body: Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(body["type"], "urn:idem:problem:missing-tenant", "{case}");
+                assert!(get_record(&store, &redis_key("idem:", "", "k"))
+                    .await
+                    .is_none());
+            }
+        }
     }
+}
+
+/// The layer answers every `tenant_check` case as the spec says, with a
+/// tenant header or a tenant callback, and never calls Redis for a refused
+/// tenant; without a tenant source the same requests all run, in the
+/// anonymous scope.
+#[tokio::test]
+async fn the_layer_checks_tenants_as_the_spec_says() {
+    let file = SpecFile::open("vectors/keys.json");
+    let http = SpecFile::open("http.json");
+    for case in file.doc["tenant_check"].as_array().unwrap() {
+        let store = MemoryStore::new();
+        let client = IdemClient::memory(store.clone());
+        let mut request = Request::post("/p").header("idempotency-key", "k");
+        let layer = match (case.get("lines"), case.get("value")) {
+            (Some(lines), None) => {
+                for line in lines.as_array().unwrap() {
+                    request = request.header(
+                        "x-account-id",
+                        HeaderValue::from_bytes(&bytes(line)).unwrap(),
+                    );
+                }
+                IdempotencyLayer::new(client).tenant_header(HeaderName::from_static("x-account-id"))
+            }
+            (None, Some(value)) => {
+                let value = value.as_str().map(str::to_owned);
+                IdempotencyLayer::new(client).tenant(move |_| value.clone())
+            }
+            _ => panic!("{case}"),
+        };
+        let app = layered(layer);
+        let request = request.body(Body::from("{}")).unwrap();
+        let (status, headers, body) = call(&app, request).await;
+        let expected = &case["expected"];
+        if let Some(tenant) = expected.get("tenant") {
+            assert_eq!(status, StatusCode::CREATED, "{case}");
+            let key = redis_key("idem:", text(tenant), "k");
+            assert!(key.len() <= 2048, "mirrorable");
+            assert!(get_record(&store, &key).await.is_some(), "{case}: {key:?}");
+            continue;
+        }
+        let spec = &http.doc["problems"][text(&expected["error"])];
+        assert_eq!(u64::from(status.as_u16()), uint(&spec["status"]), "{case}");
+        assert_eq!(headers["content-type"], "application/problem+json");
+        let detail = text(&spec["detail"]);
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            problem_body(spec, detail),
+            "{case}"
+        );
+        // Nothing was stored: not in the anonymous scope, nor in the scope
+        // the refused tenant would have named.
+        let mut refused = vec![String::new()];
+        if let Some(lines) = case.get("lines") {
+            let lines: Vec<Vec<u8>> = lines.as_array().unwrap().iter().map(bytes).collect();
+            refused.extend(spec_tenant(&lines));
+        }
+        refused.extend(case.get("value").and_then(Value::as_str).map(str::to_owned));
+        for tenant in refused {
+            let key = redis_key("idem:", &tenant, "k");
+            assert!(get_record(&store, &key).await.is_none(), "{case}");
+        }
+    }
+    // No tenant source: the tenant header is not looked at.
+    let store = MemoryStore::new();
+    let app = layered(IdempotencyLayer::new(IdemClient::memory(store.clone())));
+    for tenant in ["", "acct_1", &"a".repeat(8192)] {
+        let request = Request::post("/p")
+            .header("idempotency-key", "k")
+            .header("x-account-id", tenant)
+            .body(Body::from("{}"))
+            .unwrap();
+        let (status, _, _) = call(&app, request).await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    assert!(get_record(&store, &redis_key("idem:", "", "k"))
+        .await
+        .is_some());
 }
 
 // ---------------------------------------------------------------- fence
@@ -827,6 +943,8 @@ async fn problems() {
             },
         ),
         ("mismatch", Problem::Mismatch),
+        ("missing_tenant", Problem::MissingTenant),
+        ("invalid_tenant", Problem::InvalidTenant),
         ("unavailable", Problem::Unavailable),
         ("internal", Problem::Internal),
     ];
@@ -871,6 +989,10 @@ async fn problems() {
         assert_eq!(default_store_policy(status), stored, "{status}");
     }
     let defaults = &doc["defaults"];
+    assert_eq!(
+        uint(&defaults["max_tenant_bytes"]) as usize,
+        MAX_TENANT_BYTES
+    );
     assert_eq!(
         DEFAULT_CALL_TIMEOUT,
         Duration::from_millis(uint(&defaults["call_timeout_ms"]))

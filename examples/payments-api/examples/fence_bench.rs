@@ -495,6 +495,7 @@ async fn post(http: &reqwest::Client, url: &str, key: &str) -> Option<u16> {
         .post(url)
         .header("content-type", "application/json")
         .header("idempotency-key", key)
+        .header("authorization", "Bearer tok_demo")
         .body(r#"{"amount":1250,"currency":"EUR","recipient":"acct_bench"}"#)
         .send()
         .await

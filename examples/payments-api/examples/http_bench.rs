@@ -489,6 +489,7 @@ async fn post(http: &reqwest::Client, url: &str, key: Option<&str>) -> Option<u1
     let mut request = http
         .post(url)
         .header("content-type", "application/json")
+        .header("authorization", "Bearer tok_demo")
         .body(r#"{"amount":1250,"currency":"EUR","recipient":"acct_bench"}"#);
     if let Some(key) = key {
         request = request.header("idempotency-key", key);

@@ -1,11 +1,13 @@
 //! Settings from the environment: `REDIS_URL`, `DATABASE_URL`, `PORT`,
 //! `READ_THROUGH`, `WAIT_MS`, `LEASE_MS`, `PG_POOL_SIZE`,
-//! `PROCESSOR_DELAY_MS`, `FENCE`, `REPLICA_ACK`, `BACKEND`.
+//! `PROCESSOR_DELAY_MS`, `FENCE`, `REPLICA_ACK`, `BACKEND`, `API_TOKENS`.
 
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use idem_client::Backend;
+
+use crate::auth::Tokens;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -30,6 +32,11 @@ pub struct Settings {
     /// module, else the Functions library, else its scripts form; default
     /// auto).
     pub backend: Backend,
+    /// `API_TOKENS="tok_a=acct_1,tok_b=acct_2"`: the bearer tokens callers
+    /// authenticate with and the account each maps to (default: the demo
+    /// table `auth::DEMO_TOKENS`, for scripts/up.sh and the conformance
+    /// suite; never deploy it).
+    pub tokens: Tokens,
 }
 
 impl Settings {
@@ -67,8 +74,13 @@ impl Settings {
                 .parse()
                 .map_err(|err| anyhow::anyhow!("BACKEND={value:?}: {err}"))?,
         };
+        let tokens = match get("API_TOKENS") {
+            Some(table) => Tokens::parse(&table)?,
+            None => Tokens::demo(),
+        };
         Ok(Settings {
             backend,
+            tokens,
             replica_ack,
             processor_delay,
             redis_url,
@@ -140,6 +152,7 @@ mod tests {
         assert_eq!(s.wait, None);
         assert_eq!(s.replica_ack, None);
         assert_eq!(s.backend, Backend::Auto);
+        assert_eq!(s.tokens, Tokens::demo());
     }
 
     #[test]
@@ -151,6 +164,14 @@ mod tests {
         assert_eq!(with("auto").unwrap().backend, Backend::Auto);
         let err = with("lua").unwrap_err().to_string();
         assert!(err.contains("BACKEND"), "{err}");
+    }
+
+    #[test]
+    fn api_tokens_map_bearer_tokens_to_accounts() {
+        let s = settings(&[("DATABASE_URL", "x"), ("API_TOKENS", "t1=acct_1,t2=acct_2")]).unwrap();
+        assert_eq!(s.tokens.account(b"Bearer t2"), Some("acct_2"));
+        assert_eq!(s.tokens.account(b"Bearer tok_demo"), None, "no demo token");
+        assert!(settings(&[("DATABASE_URL", "x"), ("API_TOKENS", "t1")]).is_err());
     }
 
     #[test]

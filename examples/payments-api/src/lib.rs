@@ -1,9 +1,12 @@
 //! Example payments API: axum routes for `POST /payments` and
 //! `GET /payments/{id}`, wrapped in the idem `Idempotency-Key` layer with
 //! Postgres read-through; new payments commit with their idempotency row (the
-//! fence). `GET /metrics` serves the layer's metrics, outside the layer.
+//! fence). Callers authenticate with a bearer token (`auth`); the account it
+//! maps to scopes their keys. `GET /metrics` serves the layer's metrics,
+//! outside the layer.
 //! Built as a library so tests and the benchmark run it in-process.
 
+pub mod auth;
 pub mod config;
 pub mod db;
 pub mod payments;
@@ -15,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::extract::MatchedPath;
-use axum::http::{header, HeaderName};
+use axum::http::header;
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
@@ -25,10 +28,8 @@ use idem_client::middleware::LayerMetrics;
 use idem_client::{Backend, StandaloneConnection, Transport};
 use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
 
+pub use auth::{Account, Tokens};
 pub use config::Settings;
-
-/// Header that scopes idempotency keys per account.
-pub const ACCOUNT_HEADER: HeaderName = HeaderName::from_static("x-account-id");
 
 #[derive(Clone)]
 pub struct AppState {
@@ -40,6 +41,8 @@ pub struct AppState {
     /// Payment ids reserved ahead: a fenced payment's response is known
     /// before its row is written.
     pub ids: Arc<db::PaymentIds>,
+    /// Bearer tokens and their accounts (default: `auth::DEMO_TOKENS`).
+    pub tokens: Arc<Tokens>,
 }
 
 impl AppState {
@@ -49,7 +52,13 @@ impl AppState {
             db,
             fence: true,
             ids: Arc::default(),
+            tokens: Arc::default(),
         }
+    }
+
+    pub fn with_tokens(mut self, tokens: Tokens) -> Self {
+        self.tokens = Arc::new(tokens);
+        self
     }
 
     pub fn with_fence(mut self, fence: bool) -> Self {
@@ -72,9 +81,20 @@ pub fn routes(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The routes behind the idempotency layer.
+/// The routes behind the idempotency layer, behind authentication.
 pub fn app(state: AppState, layer: IdempotencyLayer<StandaloneConnection>) -> Router {
-    routes(state).layer(layer)
+    let tokens = state.tokens.clone();
+    authenticated(routes(state).layer(layer), tokens)
+}
+
+/// `router` behind bearer-token authentication (`auth::authenticate`): the
+/// outer layer, so a request without a known token is 401 before the
+/// idempotency layer (or anything else) runs.
+pub fn authenticated(router: Router, tokens: Arc<Tokens>) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(
+        tokens,
+        auth::authenticate,
+    ))
 }
 
 // ANCHOR: metrics
@@ -149,7 +169,8 @@ pub fn app_with_metrics(
 }
 // ANCHOR_END: metrics
 
-/// The layer as the example configures it: keys scoped by `X-Account-Id`,
+/// The layer as the example configures it: keys scoped by the authenticated
+/// [`Account`] (left in the request's extensions by [`authenticated`]),
 /// JSON bodies canonicalized, read-through from the mirror when `read_through`
 /// is given, Redis reached through `transport` (`Transport::Auto` but in
 /// benchmarks).
@@ -179,7 +200,8 @@ pub async fn idempotency_layer_with(
         "idem backend: {}",
         client.backend()
     );
-    let mut layer = IdempotencyLayer::new(client).tenant_header(ACCOUNT_HEADER);
+    let mut layer = IdempotencyLayer::new(client)
+        .tenant(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()));
     if let Some(pool) = read_through {
         layer = layer.read_through(ReadThrough::new(pool));
     }

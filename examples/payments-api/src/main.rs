@@ -41,7 +41,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let state = AppState::new(pool)
         .with_processor_delay(settings.processor_delay)
-        .with_fence(settings.fence);
+        .with_fence(settings.fence)
+        .with_tokens(settings.tokens);
     let router = app_with_metrics(state, layer, &Metrics::new());
     let address = ("127.0.0.1", settings.port);
     let listener = tokio::net::TcpListener::bind(address)

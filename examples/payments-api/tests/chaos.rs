@@ -225,6 +225,7 @@ async fn pay(http: &reqwest::Client, base: &str, key: i64) -> Result<i64, String
         let sent = http
             .post(format!("{base}/payments"))
             .header("idempotency-key", format!("chaos-{key}"))
+            .header("authorization", "Bearer tok_demo")
             .json(&body)
             .send()
             .await;

@@ -210,6 +210,65 @@ async fn two_tenants_with_the_same_key_each_get_their_payment() {
     app.stop().await;
 }
 
+/// The account comes from the bearer token, checked before the idempotency
+/// layer: no token or an unknown one is 401 with nothing run or stored, and
+/// an `X-Account-Id` the client sends is not trusted: it neither opens
+/// another account's scope nor a scope of its own. Before, the tenant was
+/// that header: whoever sent another account's id, key and body got its
+/// stored payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_account_is_the_bearer_tokens_and_x_account_id_is_ignored() {
+    let app = TestApp::start(Options::default()).await;
+    for authorization in [
+        None,
+        Some("Bearer tok_unknown"),
+        Some("tok_acct_a"),
+        Some("Bearer "),
+    ] {
+        let refused = app
+            .post_with(Some("k-auth"), authorization, &[], &payment(100))
+            .await;
+        assert_eq!(refused.status, 401, "{authorization:?}");
+        assert_eq!(refused.json()["error"], "unauthorized");
+    }
+    assert_eq!(app.payment_count().await, 0);
+    assert_eq!(
+        app.redis_cmd(&mut redis::cmd("DBSIZE")).await,
+        redis::Value::Int(0),
+        "nothing reached Redis"
+    );
+
+    let a = app
+        .post(Some("k-auth"), Some("acct_a"), &payment(100))
+        .await;
+    assert_eq!(a.status, 201);
+    // acct_b claiming to be acct_a: its own scope, its own payment.
+    let spoofed = app
+        .post_with(
+            Some("k-auth"),
+            Some("Bearer tok_acct_b"),
+            &[("x-account-id", "acct_a")],
+            &payment(100),
+        )
+        .await;
+    assert_eq!(spoofed.status, 201);
+    assert!(!spoofed.replayed(), "acct_a's payment went to acct_b");
+    assert_ne!(spoofed.json()["id"], a.json()["id"]);
+    // acct_a naming another account in the header: still acct_a's replay.
+    let again = app
+        .post_with(
+            Some("k-auth"),
+            Some("Bearer tok_acct_a"),
+            &[("x-account-id", "acct_other")],
+            &payment(100),
+        )
+        .await;
+    assert!(again.replayed());
+    assert_eq!(again.body, a.body);
+    assert_eq!(app.payment_count().await, 2);
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_wait_for_result_fifty_duplicates_all_get_the_201() {
     let handler_time = Duration::from_millis(300);

@@ -57,7 +57,7 @@ impl Api {
         self.http
             .post(format!("{}/payments", self.base))
             .header("idempotency-key", key)
-            .header("x-account-id", "acct_metrics")
+            .header("authorization", "Bearer tok_demo")
             .json(&payment(amount))
             .send()
             .await

@@ -1,7 +1,8 @@
 // @ts-check
 // Settings from the environment, the same variables, defaults and refusals
 // as examples/payments-api/src/config.rs: REDIS_URL, DATABASE_URL, PORT,
-// READ_THROUGH, WAIT_MS, LEASE_MS, PG_POOL_SIZE, PROCESSOR_DELAY_MS, FENCE;
+// READ_THROUGH, WAIT_MS, LEASE_MS, PG_POOL_SIZE, PROCESSOR_DELAY_MS, FENCE,
+// API_TOKENS;
 // and BACKEND (auto, module, functions or scripts: where idem runs);
 // REDIS_CA_CERT, REDIS_CLIENT_CERT and REDIS_CLIENT_KEY (PEM files, for a
 // rediss:// REDIS_URL). Postgres takes its TLS settings in DATABASE_URL as
@@ -21,7 +22,34 @@
  * @property {"auto" | "module" | "functions" | "scripts"} backend Where idem runs (default auto: the module, else the library).
  * @property {{ ca: string | null, cert: string | null, key: string | null }} redisTls PEM files for TLS to Redis: a CA to trust
  *   (besides the platform's) and a client certificate with its key.
+ * @property {Map<string, string>} tokens API_TOKENS="tok_a=acct_1,tok_b=acct_2": the bearer tokens callers authenticate
+ *   with and the account each maps to (default: DEMO_TOKENS).
  */
+
+/** The bearer tokens used when API_TOKENS is unset (scripts/up.sh, the conformance suite), as in the Rust service: never deploy them. */
+export const DEMO_TOKENS = "tok_demo=acct_demo,tok_a=acct_a,tok_b=acct_b";
+
+/**
+ * `token=account` pairs separated by commas (spaces around either dropped); an empty token or account, a token given
+ * twice, or no pair at all is refused.
+ * @param {string} table
+ * @returns {Map<string, string>}
+ */
+export function parseTokens(table) {
+  const tokens = new Map();
+  for (const pair of table.split(",").map((p) => p.trim())) {
+    if (pair === "") continue;
+    const eq = pair.indexOf("=");
+    if (eq < 0) throw new SettingsError(`API_TOKENS: ${JSON.stringify(pair)} is not token=account`);
+    const token = pair.slice(0, eq).trim();
+    const account = pair.slice(eq + 1).trim();
+    if (token === "" || account === "") throw new SettingsError(`API_TOKENS: ${JSON.stringify(pair)} has an empty token or account`);
+    if (tokens.has(token)) throw new SettingsError("API_TOKENS: a token is given twice");
+    tokens.set(token, account);
+  }
+  if (tokens.size === 0) throw new SettingsError("API_TOKENS has no token=account pair");
+  return tokens;
+}
 
 const BACKENDS = ["auto", "module", "functions", "scripts"];
 
@@ -77,7 +105,9 @@ export function fromLookup(get) {
   if ((redisTls.ca !== null || redisTls.cert !== null) && !redisUrl.startsWith("rediss://")) {
     throw new SettingsError(`${redisTls.ca !== null ? "REDIS_CA_CERT" : "REDIS_CLIENT_CERT"} needs a rediss:// REDIS_URL`);
   }
+  const tokens = parseTokens(get("API_TOKENS") ?? DEMO_TOKENS);
   return {
+    tokens,
     redisUrl,
     databaseUrl,
     port,

@@ -49,7 +49,7 @@ async function main() {
     claimUpFront: settings.fence && settings.readThrough,
     ...(settings.waitMs !== null ? { waitForResultMs: settings.waitMs } : {}),
     logger: { warn: log, error: log },
-  });
+  }, settings.tokens);
   await app.listen({ host: "127.0.0.1", port: settings.port });
   log(`payments API listening on http://127.0.0.1:${settings.port} (backend=${client.backend}, read_through=${settings.readThrough}, fence=${settings.fence}, claim_up_front=${settings.fence && settings.readThrough})`);
   let stopping = false;

@@ -9,7 +9,14 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { startRedis, startManagedRedis, startTlsRedis, startTlsPostgres, certificates, emptyDatabase, freePort, cleanup, sleep } from "../../../clients/node/test/helpers.mjs";
-import { request } from "../../../clients/node/test/apps.mjs";
+import { request as send } from "../../../clients/node/test/apps.mjs";
+
+/** A request as the demo caller (Bearer tok_demo) unless it carries its own Authorization or `anonymous` is set. */
+const request = (url, { anonymous = false, ...options }) => {
+  const headers = options.headers ?? [];
+  const own = anonymous || headers.some(([name]) => name.toLowerCase() === "authorization");
+  return send(url, { ...options, headers: own ? headers : [["authorization", "Bearer tok_demo"], ...headers] });
+};
 
 const SERVE = fileURLToPath(new URL("../serve", import.meta.url));
 let redis;
@@ -53,17 +60,18 @@ async function startApp(env = {}) {
 }
 
 const JSON_CT = ["content-type", "application/json"];
-const pay = (app, key, body, tenant) =>
+/** POST /payments; `token` is the caller's bearer token (the demo caller's when absent). */
+const pay = (app, key, body, token, extra = []) =>
   request(app.url, {
     path: "/payments",
-    headers: [...(key ? [["idempotency-key", key]] : []), ...(tenant ? [["x-account-id", tenant]] : []), JSON_CT],
+    headers: [...(key ? [["idempotency-key", key]] : []), ...(token ? [["authorization", `Bearer ${token}`]] : []), JSON_CT, ...extra],
     body: typeof body === "string" ? body : JSON.stringify(body),
   });
 
 test("the HTTP API: the four outcomes, GET, validation, 405, tenants", async () => {
   const app = await startApp({ PROCESSOR_DELAY_MS: "300" });
   const body = { amount: 500, currency: "EUR", recipient: " alice " };
-  const [first, during] = await Promise.all([pay(app, "k1", body, "acct"), sleep(100).then(() => pay(app, "k1", body, "acct"))]);
+  const [first, during] = await Promise.all([pay(app, "k1", body, "tok_a"), sleep(100).then(() => pay(app, "k1", body, "tok_a"))]);
   assert.equal(first.status, 201, first.text);
   const payment = JSON.parse(first.text);
   assert.deepEqual(Object.keys(payment), ["id", "amount", "currency", "recipient", "created_at"]);
@@ -72,14 +80,26 @@ test("the HTTP API: the four outcomes, GET, validation, 405, tenants", async () 
   assert.equal(first.headers.location, `/payments/${payment.id}`);
   assert.equal(during.status, 409);
   assert.ok(["1", "2"].includes(during.headers["retry-after"]));
-  const replay = await pay(app, "k1", { recipient: " alice ", currency: "EUR", amount: 500 }, "acct");
+  const replay = await pay(app, "k1", { recipient: " alice ", currency: "EUR", amount: 500 }, "tok_a");
   assert.equal(replay.status, 201);
   assert.equal(replay.text, first.text);
   assert.equal(replay.headers["idempotent-replayed"], "true");
-  assert.equal((await pay(app, "k1", { ...body, amount: 501 }, "acct")).status, 422);
-  const other = await pay(app, "k1", body, "acct-2");
+  assert.equal((await pay(app, "k1", { ...body, amount: 501 }, "tok_a")).status, 422);
+  const other = await pay(app, "k1", body, "tok_b");
   assert.equal(other.status, 201);
   assert.notEqual(JSON.parse(other.text).id, payment.id, "another tenant's key is its own");
+  // The account is the bearer token's: an X-Account-Id the client sends is not trusted.
+  const spoofed = await pay(app, "k1", body, "tok_demo", [["x-account-id", "acct_a"]]);
+  assert.equal(spoofed.status, 201);
+  assert.equal(spoofed.headers["idempotent-replayed"], undefined, "acct_a's payment went to the demo caller");
+  assert.notEqual(JSON.parse(spoofed.text).id, payment.id);
+  for (const authorization of [null, "Bearer tok_unknown", "tok_a", "Basic tok_a"]) {
+    const headers = [["idempotency-key", "k1"], JSON_CT, ...(authorization ? [["authorization", authorization]] : [])];
+    const refused = await request(app.url, { path: "/payments", headers, body: JSON.stringify(body), anonymous: true });
+    assert.equal(refused.status, 401, String(authorization));
+    assert.equal(JSON.parse(refused.text).error, "unauthorized");
+    assert.equal(refused.headers["www-authenticate"], "Bearer");
+  }
   const got = await request(app.url, { method: "GET", path: `/payments/${payment.id}` });
   assert.equal(got.status, 200);
   assert.equal(got.text, first.text, "GET answers the POST's bytes (its id and created_at)");

@@ -5,7 +5,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readdirSync, readFileSync } from "node:fs";
-import { fromLookup } from "../src/config.js";
+import { fromLookup, parseTokens, SettingsError } from "../src/config.js";
 import * as db from "../src/db.js";
 
 const REPO = new URL("../../../", import.meta.url);
@@ -24,7 +24,21 @@ test("defaults", () => {
     fence: true,
     backend: "auto",
     redisTls: { ca: null, cert: null, key: null },
+    tokens: new Map([
+      ["tok_demo", "acct_demo"],
+      ["tok_a", "acct_a"],
+      ["tok_b", "acct_b"],
+    ]),
   });
+});
+
+test("API_TOKENS maps bearer tokens to accounts; bad tables are refused", () => {
+  const s = settings({ DATABASE_URL: "x", API_TOKENS: " t1=acct_1, t2 = acct_2 ," });
+  assert.deepEqual([...s.tokens], [["t1", "acct_1"], ["t2", "acct_2"]]);
+  for (const bad of ["t1", "=acct", "t1=", "a=1,a=2", ",", ""]) {
+    assert.throws(() => settings({ DATABASE_URL: "x", API_TOKENS: bad }), SettingsError, bad);
+  }
+  assert.equal(parseTokens("a=b").get("a"), "b");
 });
 
 test("overrides", () => {

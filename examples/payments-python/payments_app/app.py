@@ -1,5 +1,6 @@
 """The FastAPI application: ``POST /payments`` and ``GET /payments/{id}``
-behind ``IdempotencyMiddleware`` (keys scoped by ``X-Account-Id``, JSON
+behind ``IdempotencyMiddleware`` (keys scoped by the account a bearer token
+authenticates, ``auth``; JSON
 bodies canonicalized, read-through from the mirror when ``READ_THROUGH`` is
 on), as ``examples/payments-api/src/lib.rs`` configures the Rust layer."""
 
@@ -13,12 +14,9 @@ from fastapi import FastAPI
 from idem.middleware import IdempotencyMiddleware
 from idem.read_through import AsyncReadThrough
 
-from payments_app import db, payments
+from payments_app import auth, db, payments
 from payments_app.processor import Processor
 from payments_app.settings import Settings
-
-ACCOUNT_HEADER = "x-account-id"
-"""Header that scopes idempotency keys per account."""
 
 
 async def settle(client: idem.asyncio.IdemClient) -> None:
@@ -57,11 +55,14 @@ def create_app(settings: Settings) -> FastAPI:
         IdempotencyMiddleware,
         client=client,
         read_through=AsyncReadThrough(pool) if settings.read_through else None,
-        tenant_header=ACCOUNT_HEADER,
+        tenant=auth.tenant,
         lease=settings.lease,
         wait_for_result=settings.wait,
         # Every keyed route's handler uses the fence: its claim stands in for
         # read-through's lookup (one statement fewer per payment), as in Rust.
         claim_up_front=settings.fence and settings.read_through,
     )
+    # Added last, so outermost: a request without a known token is 401
+    # before the idempotency middleware runs.
+    app.add_middleware(auth.Authenticate, tokens=settings.tokens)
     return app

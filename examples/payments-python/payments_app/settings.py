@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Lookup = Callable[[str], str | None]
 BACKENDS = ("auto", "module", "functions", "scripts")
+DEMO_TOKENS = "tok_demo=acct_demo,tok_a=acct_a,tok_b=acct_b"
+"""The bearer tokens used when ``API_TOKENS`` is unset (scripts/up.sh, the
+conformance suite), as in the Rust service: never deploy them."""
 
 
 class SettingsError(ValueError):
@@ -35,6 +38,9 @@ class Settings:
     """Where idem runs (``BACKEND``): ``auto`` (the module where it is
     loaded, else the Functions library, else scripts), ``module``,
     ``functions`` or ``scripts``."""
+    tokens: Mapping[str, str] = field(default_factory=lambda: parse_tokens(DEMO_TOKENS))
+    """``API_TOKENS="tok_a=acct_1,tok_b=acct_2"``: the bearer tokens callers
+    authenticate with and the account each maps to (default: ``DEMO_TOKENS``)."""
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> Settings:
@@ -56,7 +62,10 @@ class Settings:
         backend = get("BACKEND") or "auto"
         if backend not in BACKENDS:
             raise SettingsError(f"BACKEND={_quoted(backend)}: use {', '.join(BACKENDS)}")
+        table = get("API_TOKENS")
+        tokens = parse_tokens(DEMO_TOKENS if table is None else table)
         return Settings(
+            tokens=tokens,
             redis_url=redis_url,
             database_url=database_url,
             port=port,
@@ -68,6 +77,28 @@ class Settings:
             fence=fence,
             backend=backend,
         )
+
+
+def parse_tokens(table: str) -> dict[str, str]:
+    """``token=account`` pairs separated by commas (spaces around either
+    dropped); an empty token or account, a token given twice, or no pair at
+    all is refused."""
+    tokens: dict[str, str] = {}
+    for pair in (p.strip() for p in table.split(",")):
+        if not pair:
+            continue
+        token, eq, account = pair.partition("=")
+        if not eq:
+            raise SettingsError(f"API_TOKENS: {_quoted(pair)} is not token=account")
+        token, account = token.strip(), account.strip()
+        if not token or not account:
+            raise SettingsError(f"API_TOKENS: {_quoted(pair)} has an empty token or account")
+        if token in tokens:
+            raise SettingsError("API_TOKENS: a token is given twice")
+        tokens[token] = account
+    if not tokens:
+        raise SettingsError("API_TOKENS has no token=account pair")
+    return tokens
 
 
 def _switch(get: Lookup, name: str) -> bool:

@@ -24,6 +24,7 @@ def test_defaults() -> None:
     assert s.pool_size == 16
     assert s.processor_delay == 0.0
     assert s.backend == "auto"
+    assert s.tokens == {"tok_demo": "acct_demo", "tok_a": "acct_a", "tok_b": "acct_b"}
 
 
 def test_overrides() -> None:
@@ -64,3 +65,11 @@ def test_refusals(env: dict[str, str], message: str) -> None:
     full = env if not env else {"DATABASE_URL": "x", **env}
     with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(".", r"\.")):
         Settings.from_env(full)
+
+
+def test_api_tokens() -> None:
+    s = settings(DATABASE_URL="x", API_TOKENS=" t1=acct_1, t2 = acct_2 ,")
+    assert s.tokens == {"t1": "acct_1", "t2": "acct_2"}
+    for bad in ("t1", "=acct", "t1=", "a=1,a=2", ",", ""):
+        with pytest.raises(SettingsError):
+            settings(DATABASE_URL="x", API_TOKENS=bad)

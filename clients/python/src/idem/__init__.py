@@ -36,7 +36,15 @@ from idem.errors import (
 )
 from idem.fence import AsyncFence, Fence
 from idem.fingerprint import Fingerprint, Fingerprinter, downstream_key, stored_hex
-from idem.keys import InvalidKeyError, parse_key, parse_value, redis_key, tenant_of_lines
+from idem.keys import (
+    InvalidKeyError,
+    InvalidTenantError,
+    check_tenant,
+    parse_key,
+    parse_value,
+    redis_key,
+    tenant_of_lines,
+)
 from idem.read_through import AsyncReadThrough, MirroredRecord, ReadThrough
 from idem.types import (
     BeginOptions,
@@ -68,6 +76,7 @@ __all__ = [
     "InFlight",
     "InternalError",
     "InvalidKeyError",
+    "InvalidTenantError",
     "MirroredRecord",
     "Mismatch",
     "ModuleError",
@@ -91,6 +100,7 @@ __all__ = [
     "WritesRefusedError",
     "WrongTypeError",
     "canonicalize",
+    "check_tenant",
     "downstream_key",
     "parse_key",
     "parse_value",

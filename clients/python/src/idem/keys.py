@@ -13,7 +13,13 @@ from idem import _spec
 MAX_KEY_BYTES = 255
 """Longest key accepted, in bytes (after unquoting)."""
 
+MAX_TENANT_BYTES = 128
+"""Longest tenant accepted, in bytes (its UTF-8; spec/http.json
+``defaults.max_tenant_bytes``): with ``MAX_KEY_BYTES`` every Redis key the
+middleware makes stays under the 2,048 bytes the writer's mirror takes."""
+
 KeyErrorKind = Literal["empty", "too_long", "malformed", "repeated"]
+TenantProblem = Literal["missing_tenant", "invalid_tenant"]
 
 
 class InvalidKeyError(ValueError):
@@ -96,6 +102,27 @@ def tenant_of_lines(lines: Sequence[bytes]) -> str | None:
         return combined.decode("utf-8")
     except UnicodeDecodeError:
         return "\0" + combined.hex()
+
+
+class InvalidTenantError(ValueError):
+    """A configured tenant source gave no tenant, an empty one
+    (``missing_tenant``) or one over ``MAX_TENANT_BYTES``
+    (``invalid_tenant``); ``problem`` names the 400 of spec/http.json."""
+
+    def __init__(self, problem: TenantProblem) -> None:
+        self.problem: TenantProblem = problem
+        super().__init__(_spec.http()["problems"][problem]["detail"])
+
+
+def check_tenant(tenant: str | None) -> str:
+    """The tenant a configured source gave, checked: absent and empty are
+    refused (they would share the anonymous scope), and so is one longer
+    than ``MAX_TENANT_BYTES``; raises ``InvalidTenantError``."""
+    if not tenant:
+        raise InvalidTenantError("missing_tenant")
+    if len(tenant.encode("utf-8", "surrogatepass")) > MAX_TENANT_BYTES:
+        raise InvalidTenantError("invalid_tenant")
+    return tenant
 
 
 def redis_key(prefix: str, tenant: str, key: str) -> str:

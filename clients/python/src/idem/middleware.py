@@ -55,7 +55,14 @@ from idem.errors import (
 )
 from idem.fence import AsyncFence, Layout, Proceed, _Report
 from idem.fingerprint import Fingerprint, Fingerprinter
-from idem.keys import InvalidKeyError, parse_key, redis_key, tenant_of_lines
+from idem.keys import (
+    InvalidKeyError,
+    InvalidTenantError,
+    check_tenant,
+    parse_key,
+    redis_key,
+    tenant_of_lines,
+)
 from idem.read_through import AsyncReadThrough, settled_within
 from idem.types import InFlight, Mismatch, New, Origin, Outcome, Replay, StoredResponse
 
@@ -111,6 +118,14 @@ def _seconds(ms_key: str) -> float:
 class IdempotencyMiddleware:
     """ASGI middleware; options default to spec/http.json's ``defaults``.
     Times are seconds.
+
+    ``tenant`` scopes keys by the **authenticated caller**: a callable of the
+    ASGI scope reading what the app's authentication (an outer middleware)
+    left there, e.g. ``lambda scope: scope["state"].get("account")``, never
+    a value the client picks. With ``tenant`` (or ``tenant_header``, only for
+    a header a gateway sets after authenticating), no tenant or an empty one
+    is a 400 ``missing_tenant`` and one over ``keys.MAX_TENANT_BYTES`` a 400
+    ``invalid_tenant``; without either, every caller shares one scope.
 
     ``app.add_middleware(IdempotencyMiddleware, client=idem.asyncio.IdemClient.from_url(url))``
     """
@@ -200,7 +215,13 @@ class IdempotencyMiddleware:
         body = await self._read_body(receive, send)
         if body is None:
             return
-        tenant = (self.tenant(scope) if self.tenant else None) or ""
+        tenant = ""  # no tenant source: the one anonymous scope
+        if self.tenant is not None:
+            try:
+                tenant = check_tenant(self.tenant(scope))
+            except InvalidTenantError as err:
+                await _problem(send, err.problem)
+                return
         redis_key_ = redis_key(self.key_prefix, tenant, key)
         fingerprint = self.fingerprinter.fingerprint(
             scope["method"], _target(scope), scope.get("headers", []), body

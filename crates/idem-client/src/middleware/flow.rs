@@ -29,7 +29,7 @@ use tower::{Service, ServiceExt};
 use super::begin::{begin_request, FENCE_RETRY_AFTER};
 use super::body::{collect_limited, BoxError, Collected, IdemBody};
 use super::config::{Config, RequestFence};
-use super::key::redis_key;
+use super::key::{check_tenant, redis_key, TenantError};
 use super::metrics::{FenceAnswer, Observer, Outcome as Counted, RedisOp};
 use super::problem::{replay_response, Problem};
 use super::store::Held;
@@ -69,11 +69,24 @@ where
                 return Ok(Problem::UnreadableRequest.into_response());
             }
         };
-        let tenant = config
+        // No tenant source: the one anonymous scope. With one, no tenant is
+        // a 400, never the anonymous scope.
+        let tenant = match config
             .tenant
             .as_ref()
-            .and_then(|tenant| tenant(&parts))
-            .unwrap_or_default();
+            .map(|tenant| check_tenant(tenant(&parts)))
+        {
+            None => String::new(),
+            Some(Ok(tenant)) => tenant,
+            Some(Err(err)) => {
+                observer.outcome(Counted::BadKey);
+                return Ok(match err {
+                    TenantError::Missing => Problem::MissingTenant,
+                    TenantError::TooLong => Problem::InvalidTenant,
+                }
+                .into_response());
+            }
+        };
         let key = redis_key(&config.key_prefix, &tenant, &key);
         let fingerprint =
             config

@@ -7,6 +7,34 @@ use http::HeaderValue;
 /// Longest key accepted, in bytes (after unquoting).
 pub const MAX_KEY_BYTES: usize = 255;
 
+/// Longest tenant accepted, in bytes (its UTF-8; a header value that is not
+/// UTF-8 counts as its `tenant_of` form, NUL and hex). With [`MAX_KEY_BYTES`]
+/// it bounds every Redis key the layer makes (`redis_key` at most triples a
+/// byte): 1,157 bytes with the default prefix, under the 2,048 the writer's
+/// mirror takes (spec/http.json).
+pub const MAX_TENANT_BYTES: usize = 128;
+
+/// Why a layer with a tenant source refused a request's tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantError {
+    /// The source gave none, or an empty one (400 `missing_tenant`).
+    Missing,
+    /// Longer than [`MAX_TENANT_BYTES`] (400 `invalid_tenant`).
+    TooLong,
+}
+
+/// The tenant a configured source gave, checked: absent and empty are
+/// refused (they would share the anonymous scope), and so is one longer
+/// than [`MAX_TENANT_BYTES`].
+pub fn check_tenant(tenant: Option<String>) -> Result<String, TenantError> {
+    match tenant {
+        None => Err(TenantError::Missing),
+        Some(tenant) if tenant.is_empty() => Err(TenantError::Missing),
+        Some(tenant) if tenant.len() > MAX_TENANT_BYTES => Err(TenantError::TooLong),
+        Some(tenant) => Ok(tenant),
+    }
+}
+
 /// Why an `Idempotency-Key` value was rejected.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyError {
@@ -200,6 +228,25 @@ mod tests {
             }
         }
         assert_eq!(tenants[3], "acct", "UTF-8 values are unchanged");
+    }
+
+    #[test]
+    fn tenants_are_present_non_empty_and_bounded() {
+        assert_eq!(check_tenant(None), Err(TenantError::Missing));
+        assert_eq!(check_tenant(Some(String::new())), Err(TenantError::Missing));
+        let max = "a".repeat(MAX_TENANT_BYTES);
+        assert_eq!(check_tenant(Some(max.clone())).as_deref(), Ok(&max[..]));
+        let long = "a".repeat(MAX_TENANT_BYTES + 1);
+        assert_eq!(check_tenant(Some(long)), Err(TenantError::TooLong));
+        // Bytes, not characters: 64 two-byte characters and one more byte.
+        let wide = format!("{}a", "\u{e9}".repeat(64));
+        assert_eq!(check_tenant(Some(wide)), Err(TenantError::TooLong));
+        let longest = redis_key(
+            "idem:",
+            &"%".repeat(MAX_TENANT_BYTES),
+            &"{".repeat(MAX_KEY_BYTES),
+        );
+        assert_eq!(longest.len(), 1157);
     }
 
     #[test]

@@ -26,13 +26,14 @@ use crate::{ReadThrough, TableLayout};
 ///
 /// ```no_run
 /// # use axum::{routing::post, Router};
-/// # use http::HeaderName;
 /// # use idem_client::{IdemClient, IdempotencyLayer, ReadThrough};
 /// # async fn create_payment() -> &'static str { "paid" }
+/// # #[derive(Clone)]
+/// # struct Account(String);
 /// # async fn setup(pg_pool: deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
 /// let client = IdemClient::standalone(redis::Client::open("redis://127.0.0.1:6390/")?).await?;
 /// let layer = IdempotencyLayer::new(client)
-///     .tenant_header(HeaderName::from_static("x-account-id"))
+///     .tenant(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
 ///     .read_through(ReadThrough::new(pg_pool));
 /// let app = Router::new().route("/payments", post(create_payment)).layer(layer);
 /// # let _: Router = app;
@@ -165,8 +166,40 @@ impl<C> IdempotencyLayer<C> {
         self
     }
 
-    /// Scopes keys per tenant, e.g. by an account header; `None` is the
-    /// anonymous scope (default: one scope for everybody).
+    /// Scopes keys per tenant (default: none, one scope for everybody).
+    /// The tenant must be the **authenticated caller**, as the app's
+    /// authentication layer (run before this one) left it in the request's
+    /// extensions, never a value the client chooses: with a client-chosen
+    /// scope, whoever learns another caller's key and body gets that
+    /// caller's stored response without the handler running.
+    ///
+    /// ```
+    /// # use axum::{routing::post, Router};
+    /// # use idem_client::{IdemClient, IdempotencyLayer, MemoryStore};
+    /// # async fn create_payment() -> &'static str { "paid" }
+    /// # async fn authenticate(
+    /// #     request: axum::extract::Request,
+    /// #     next: axum::middleware::Next,
+    /// # ) -> axum::response::Response {
+    /// #     next.run(request).await
+    /// # }
+    /// # let client = IdemClient::memory(MemoryStore::new());
+    /// #[derive(Clone)]
+    /// struct Account(String); // inserted by your auth middleware
+    ///
+    /// let layer = IdempotencyLayer::new(client)
+    ///     .tenant(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()));
+    /// let app = Router::new()
+    ///     .route("/payments", post(create_payment))
+    ///     .layer(layer) // inner: runs second
+    ///     .layer(axum::middleware::from_fn(authenticate)); // outer: runs first
+    /// # let _: Router = app;
+    /// ```
+    ///
+    /// With a tenant source, a request it gives no tenant (`None`) or an
+    /// empty one is answered 400 `missing_tenant`, one longer than
+    /// [`MAX_TENANT_BYTES`](super::MAX_TENANT_BYTES) bytes 400
+    /// `invalid_tenant`, before Redis is called.
     pub fn tenant(
         mut self,
         tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
@@ -178,7 +211,10 @@ impl<C> IdempotencyLayer<C> {
     /// Scopes keys by the value of one request header (byte for byte: a
     /// value that is not UTF-8 is a tenant of its own, see `tenant_of`; a
     /// header sent more than once is its lines combined, `a, b`, a tenant
-    /// of its own too).
+    /// of its own too). Only for a header the client cannot set: one your
+    /// gateway writes after authenticating the caller (and strips from what
+    /// clients send); otherwise use [`tenant`](Self::tenant). A missing or
+    /// empty header is 400 `missing_tenant`.
     pub fn tenant_header(self, name: HeaderName) -> Self {
         self.tenant(move |parts| tenant_of_lines(parts.headers.get_all(&name).iter()))
     }

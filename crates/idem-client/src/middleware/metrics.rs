@@ -61,7 +61,8 @@ pub(crate) enum Outcome {
     InFlight,
     /// 422: the key was used with another request.
     Mismatch,
-    /// 400: the key header is malformed, or missing where required.
+    /// 400: the key header is malformed, or missing where required; or
+    /// the tenant a tenant source gave is missing, empty or too long.
     BadKey,
     /// 413 or 400: the body was too large or could not be read.
     BadBody,

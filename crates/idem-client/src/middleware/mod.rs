@@ -14,7 +14,10 @@ mod store;
 
 pub use body::{BoxError, IdemBody};
 pub use config::default_store_policy;
-pub use key::{parse_value as parse_key_header, redis_key, KeyError, MAX_KEY_BYTES};
+pub use key::{
+    check_tenant, parse_value as parse_key_header, redis_key, KeyError, TenantError, MAX_KEY_BYTES,
+    MAX_TENANT_BYTES,
+};
 pub use layer::IdempotencyLayer;
 pub use metrics::{names as metric_names, LayerMetrics};
 pub use problem::{replay_response, Problem, IDEMPOTENT_REPLAYED};

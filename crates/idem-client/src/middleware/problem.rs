@@ -21,6 +21,11 @@ pub enum Problem {
     /// 400: the key header is empty, too long, malformed or repeated
     /// (the detail says which).
     InvalidKey(&'static str),
+    /// 400: the layer has a tenant source and it gave no tenant, or an
+    /// empty one.
+    MissingTenant,
+    /// 400: the tenant is longer than `MAX_TENANT_BYTES`.
+    InvalidTenant,
     /// 413: the request body is over `max_request_body`.
     RequestTooLarge,
     /// 400: the request body could not be read.
@@ -42,9 +47,11 @@ impl Problem {
     /// The HTTP status of this answer.
     pub fn status(&self) -> StatusCode {
         match self {
-            Problem::MissingKey | Problem::InvalidKey(_) | Problem::UnreadableRequest => {
-                StatusCode::BAD_REQUEST
-            }
+            Problem::MissingKey
+            | Problem::InvalidKey(_)
+            | Problem::MissingTenant
+            | Problem::InvalidTenant
+            | Problem::UnreadableRequest => StatusCode::BAD_REQUEST,
             Problem::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::InFlight { .. } => StatusCode::CONFLICT,
             Problem::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
@@ -57,6 +64,8 @@ impl Problem {
         match self {
             Problem::MissingKey => "missing-idempotency-key",
             Problem::InvalidKey(_) => "invalid-idempotency-key",
+            Problem::MissingTenant => "missing-tenant",
+            Problem::InvalidTenant => "invalid-tenant",
             Problem::RequestTooLarge => "request-too-large",
             Problem::UnreadableRequest => "unreadable-request",
             Problem::InFlight { .. } => "idempotency-key-in-use",
@@ -70,6 +79,8 @@ impl Problem {
         match self {
             Problem::MissingKey => "Idempotency-Key is missing",
             Problem::InvalidKey(_) => "Idempotency-Key is invalid",
+            Problem::MissingTenant => "Tenant is missing",
+            Problem::InvalidTenant => "Tenant is invalid",
             Problem::RequestTooLarge => "Request body too large",
             Problem::UnreadableRequest => "Request body could not be read",
             Problem::InFlight { .. } => "A request with this Idempotency-Key is being processed",
@@ -83,6 +94,10 @@ impl Problem {
         match self {
             Problem::MissingKey => "This operation requires an Idempotency-Key header.",
             Problem::InvalidKey(detail) => detail,
+            Problem::MissingTenant => {
+                "This operation requires an authenticated caller; the request names no tenant, or an empty one."
+            }
+            Problem::InvalidTenant => "The tenant is longer than 128 bytes.",
             Problem::RequestTooLarge => "The request body exceeds the size the server buffers.",
             Problem::UnreadableRequest => "The request body ended with an error.",
             Problem::InFlight { .. } => {

@@ -12,7 +12,9 @@ use axum::extract::Request;
 use axum::middleware::{from_fn, Next};
 use deadpool_postgres::Pool;
 use idem_client::Transport;
-use idem_example_payments::{db, idempotency_layer, routes, serve, AppState, ACCOUNT_HEADER};
+use idem_example_payments::{
+    authenticated, db, idempotency_layer, routes, serve, AppState, Tokens,
+};
 use idem_testkit::{PgDatabase, RedisConfig, RedisServer};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -38,6 +40,11 @@ pub struct TestApp {
 }
 
 pub use idem_testkit::http::Reply;
+
+/// The tokens the test app accepts: `tok_<account>` for each account the
+/// tests post as, and `tok_demo` (the account `acct_demo`) for posts that
+/// name none.
+pub const TOKENS: &str = "tok_demo=acct_demo,tok_acct_1=acct_1,tok_acct_a=acct_a,tok_acct_b=acct_b";
 
 pub fn payment(amount: i64) -> Value {
     json!({ "amount": amount, "currency": "EUR", "recipient": "acct_bob" })
@@ -74,7 +81,8 @@ impl TestApp {
                 next.run(request).await
             }));
         }
-        let router = router.layer(layer);
+        let tokens = Tokens::parse(TOKENS).expect("tokens");
+        let router = authenticated(router.layer(layer), tokens.into());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -109,19 +117,37 @@ impl TestApp {
         self.writer = Some((stop, task));
     }
 
+    /// `POST /payments` as `account` (its bearer token; `None`: `acct_demo`).
     pub async fn post(&self, key: Option<&str>, account: Option<&str>, body: &Value) -> Reply {
+        let token = format!("tok_{}", account.unwrap_or("demo"));
+        self.post_with(key, Some(&format!("Bearer {token}")), &[], body)
+            .await
+    }
+
+    /// `POST /payments` with this `Authorization` (or none) and more headers.
+    pub async fn post_with(
+        &self,
+        key: Option<&str>,
+        authorization: Option<&str>,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> Reply {
         let mut request = self.http.post(format!("{}/payments", self.base)).json(body);
         if let Some(key) = key {
             request = request.header("idempotency-key", format!("\"{key}\""));
         }
-        if let Some(account) = account {
-            request = request.header(ACCOUNT_HEADER.as_str(), account);
+        if let Some(authorization) = authorization {
+            request = request.header("authorization", authorization);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         idem_testkit::http::send(request).await
     }
 
     pub async fn get(&self, path: &str) -> Reply {
-        idem_testkit::http::send(self.http.get(format!("{}{path}", self.base))).await
+        let request = self.http.get(format!("{}{path}", self.base));
+        idem_testkit::http::send(request.header("authorization", "Bearer tok_demo")).await
     }
 
     pub async fn payment_count(&self) -> i64 {

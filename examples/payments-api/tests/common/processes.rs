@@ -141,7 +141,10 @@ async fn wait_for_api(process: &Process, base: &str) {
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(reply) = http.get(format!("{base}/payments/0")).send().await {
+        let probe = http
+            .get(format!("{base}/payments/0"))
+            .header("authorization", "Bearer tok_demo");
+        if let Ok(reply) = probe.send().await {
             assert_eq!(reply.status(), 404, "a fresh API knows no payment 0");
             return;
         }

@@ -136,6 +136,7 @@ impl Clients {
                 .http
                 .post(format!("{base}/payments"))
                 .header("idempotency-key", format!("\"{key}\""))
+                .header("authorization", "Bearer tok_demo")
                 .json(&body)
                 .send()
                 .await;
