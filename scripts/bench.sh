@@ -39,9 +39,12 @@ run_peers() {
 
 # The Functions library (functions/idem.lua) against the module, both loaded
 # in one redis-server, alternating over rounds; Redis' own time per call
-# (INFO commandstats) and calls/s. Needs only the module: no workspace build.
+# (INFO commandstats) and calls/s; then the example API's req/s on each
+# backend (bench/functions/http.sh, wrk and a throwaway Postgres database).
 run_functions() {
-  IDEM_MODULE=${IDEM_MODULE:-$(build_module)} python3 bench/functions/run.py
+  local module=${IDEM_MODULE:-$(build_module)}
+  IDEM_MODULE=$module python3 bench/functions/run.py
+  echo; IDEM_MODULE=$module bench/functions/http.sh
 }
 
 case ${1:-all} in
