@@ -5,8 +5,9 @@
 # the HTTP middleware (bench-http.sh), WAIT wake-up cost, and cleanup of the
 # partitioned vs the unpartitioned table (bench-partition.sh, 10M rows).
 # The fence at processor latencies 0/50/200 ms against the same API without
-# it (fence_bench). `scripts/bench.sh module|mirror|http|fence|wait|partition|peers`
-# runs one of them.
+# it (fence_bench). The Functions library against the module on one server
+# (bench/functions/run.py). `scripts/bench.sh
+# module|mirror|http|fence|wait|partition|peers|functions` runs one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/common.sh
@@ -36,6 +37,16 @@ run_peers() {
   IDEM_MODULE=$(build_module) bench/peers/run.sh "$@"
 }
 
+# The Functions library (functions/idem.lua) against the module, both loaded
+# in one redis-server, alternating over rounds; Redis' own time per call
+# (INFO commandstats) and calls/s; then the example API's req/s on each
+# backend (bench/functions/http.sh, wrk and a throwaway Postgres database).
+run_functions() {
+  local module=${IDEM_MODULE:-$(build_module)}
+  IDEM_MODULE=$module python3 bench/functions/run.py
+  echo; IDEM_MODULE=$module bench/functions/http.sh
+}
+
 case ${1:-all} in
   module) run_module; echo; scripts/bench-keyspace.sh ;;
   mirror) scripts/bench-mirror.sh ;;
@@ -44,6 +55,7 @@ case ${1:-all} in
   wait) run_wait ;;
   partition) scripts/bench-partition.sh ;;
   peers) shift; run_peers "$@" ;;
+  functions) run_functions ;;
   all)
     run_module
     echo; scripts/bench-keyspace.sh
@@ -53,6 +65,7 @@ case ${1:-all} in
     echo; run_fence
     echo; scripts/bench-partition.sh
     echo; run_peers
+    echo; run_functions
     ;;
-  *) echo "usage: $0 [module|mirror|http|fence|wait|partition|peers]" >&2; exit 2 ;;
+  *) echo "usage: $0 [module|mirror|http|fence|wait|partition|peers|functions]" >&2; exit 2 ;;
 esac
