@@ -158,7 +158,11 @@ pub async fn idempotency_layer(
     read_through: Option<Pool>,
     transport: Transport,
 ) -> anyhow::Result<IdempotencyLayer<StandaloneConnection>> {
-    let redis = redis::Client::open(redis_url).context("invalid REDIS_URL")?;
+    // `rediss://` verified against the platform's roots or REDIS_CA_CERT,
+    // with REDIS_CLIENT_CERT/REDIS_CLIENT_KEY when set (docs/security.md).
+    let redis = idem_writer::secure::RedisTls::from_env()
+        .client(redis_url)
+        .context("REDIS_URL")?;
     let client = IdemClient::standalone_with(redis, transport)
         .await
         .context("connect to Redis")?;
