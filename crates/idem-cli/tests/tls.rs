@@ -53,10 +53,7 @@ fn the_cli_works_over_tls_with_urls_from_files() {
         ("REDIS_CLIENT_CERT", path(&certs.client_cert)),
         ("REDIS_CLIENT_KEY", path(&certs.client_key)),
     ];
-    let (code, stdout, stderr) = idem(
-        &["--json", "pending", "--redis", &redis.url()],
-        &tls_env,
-    );
+    let (code, stdout, stderr) = idem(&["--json", "pending", "--redis", &redis.url()], &tls_env);
     assert_eq!(code, 0, "{stdout}{stderr}");
     let doc: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(doc["nodes"][0]["node"], redis.url(), "{doc}");
@@ -92,7 +89,10 @@ fn no_password_is_printed_when_a_connection_fails() {
     let redis = TlsRedisServer::start(&certs, false);
     let pg = tls_postgres(&certs);
     let secret = "hunter2-secret";
-    let unreachable = format!("redis://:{secret}@127.0.0.1:{}/0", idem_testkit::free_port());
+    let unreachable = format!(
+        "redis://:{secret}@127.0.0.1:{}/0",
+        idem_testkit::free_port()
+    );
     let wrong_ca_redis = format!("rediss://:{secret}@127.0.0.1:{}/0", redis.port);
     let malformed = format!("redis://:{secret}@127.0.0.1:notaport/0");
     let wrong_ca_pg = format!(

@@ -93,7 +93,9 @@ async fn another_ca_or_no_client_certificate_fails_closed() {
     );
     // The platform's trust store does not know the test CA either.
     let platform = redis::Client::open(server.url()).unwrap();
-    let error = IdemClient::standalone(platform).await.expect_err("unknown CA");
+    let error = IdemClient::standalone(platform)
+        .await
+        .expect_err("unknown CA");
     assert!(
         error.to_string().to_lowercase().contains("certificate"),
         "{error}"
