@@ -83,6 +83,9 @@ fn the_cli_works_over_tls_with_urls_from_files() {
     assert!(said.contains("certificate"), "{said}");
 }
 
+/// A command line and the environment it runs with.
+type Run<'a> = (Vec<&'a str>, &'a [(&'a str, &'a str)]);
+
 #[test]
 fn no_password_is_printed_when_a_connection_fails() {
     let certs = Certs::generate();
@@ -101,7 +104,7 @@ fn no_password_is_printed_when_a_connection_fails() {
         path(&certs.other_ca)
     );
     let other_ca = [("REDIS_CA_CERT", path(&certs.other_ca))];
-    let runs: Vec<(Vec<&str>, &[(&str, &str)])> = vec![
+    let runs: Vec<Run> = vec![
         (vec!["pending", "--redis", &unreachable], &[]),
         (vec!["pending", "--redis", &wrong_ca_redis], &other_ca),
         (vec!["pending", "--redis", &malformed], &[]),
