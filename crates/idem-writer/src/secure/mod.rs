@@ -13,7 +13,7 @@ mod postgres_tls;
 mod redact;
 mod redis_tls;
 
-pub use postgres_tls::{PgTarget, SslMode};
+pub use postgres_tls::{is_tls_configuration_error, PgTarget, SslMode};
 pub use redact::redact_url;
 pub use redis_tls::RedisTls;
 
