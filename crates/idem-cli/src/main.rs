@@ -16,6 +16,7 @@ mod release;
 mod remirror;
 mod scan;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -186,14 +187,35 @@ fn default_prefix() -> String {
 /// One Redis node (the one holding the key).
 #[derive(Args)]
 struct RedisNode {
-    /// The Redis primary holding the key.
+    /// The Redis primary holding the key (REDIS_URL or --redis-url-file keep
+    /// a password off the command line).
     #[arg(
         id = "redis_url",
         long = "redis",
         env = "REDIS_URL",
-        value_name = "URL"
+        hide_env_values = true,
+        value_name = "URL",
+        required_unless_present = "redis_url_file"
     )]
-    url: String,
+    url: Option<String>,
+    /// A file holding the Redis URL (a mounted secret).
+    #[arg(
+        long,
+        env = "REDIS_URL_FILE",
+        value_name = "FILE",
+        conflicts_with = "redis_url"
+    )]
+    redis_url_file: Option<PathBuf>,
+}
+
+impl RedisNode {
+    fn url(&self) -> Result<String, Failure> {
+        secret(
+            self.url.clone(),
+            self.redis_url_file.as_deref(),
+            "REDIS_URL",
+        )
+    }
 }
 
 /// One or more Redis primaries.
@@ -205,39 +227,118 @@ struct RedisNodes {
         id = "redis_urls",
         long = "redis",
         env = "REDIS_URL",
+        hide_env_values = true,
         value_name = "URL",
         value_delimiter = ',',
-        required = true
+        required_unless_present = "redis_url_file"
     )]
     urls: Vec<String>,
+    /// A file holding the Redis URLs, comma-separated (a mounted secret).
+    #[arg(
+        long,
+        env = "REDIS_URL_FILE",
+        value_name = "FILE",
+        conflicts_with = "redis_urls"
+    )]
+    redis_url_file: Option<PathBuf>,
+}
+
+impl RedisNodes {
+    fn urls(&self) -> Result<Vec<String>, Failure> {
+        match &self.redis_url_file {
+            Some(_) => Ok(secret(None, self.redis_url_file.as_deref(), "REDIS_URL")?
+                .split(',')
+                .map(|url| url.trim().to_string())
+                .collect()),
+            None => Ok(self.urls.clone()),
+        }
+    }
 }
 
 #[derive(Args)]
 struct Postgres {
-    /// The Postgres database holding `idempotency_keys`.
+    /// The Postgres database holding `idempotency_keys` (libpq's sslmode,
+    /// sslrootcert, sslcert, sslkey apply).
     #[arg(
         id = "database_url",
         long = "database",
         env = "DATABASE_URL",
-        value_name = "URL"
+        hide_env_values = true,
+        value_name = "URL",
+        required_unless_present = "database_url_file"
     )]
-    url: String,
+    url: Option<String>,
+    /// A file holding the Postgres URL (a mounted secret).
+    #[arg(
+        long,
+        env = "DATABASE_URL_FILE",
+        value_name = "FILE",
+        conflicts_with = "database_url"
+    )]
+    database_url_file: Option<PathBuf>,
+}
+
+impl Postgres {
+    fn url(&self) -> Result<String, Failure> {
+        secret(
+            self.url.clone(),
+            self.database_url_file.as_deref(),
+            "DATABASE_URL",
+        )
+    }
 }
 
 #[derive(Args)]
 struct OptionalPostgres {
-    /// The Postgres database holding `idempotency_keys`.
+    /// The Postgres database holding `idempotency_keys` (libpq's sslmode,
+    /// sslrootcert, sslcert, sslkey apply).
     #[arg(
         id = "database_url",
         long = "database",
         env = "DATABASE_URL",
+        hide_env_values = true,
         value_name = "URL",
-        required_unless_present = "redis_only"
+        required_unless_present_any = ["redis_only", "database_url_file"]
     )]
     url: Option<String>,
+    /// A file holding the Postgres URL (a mounted secret).
+    #[arg(
+        long,
+        env = "DATABASE_URL_FILE",
+        value_name = "FILE",
+        conflicts_with = "database_url"
+    )]
+    database_url_file: Option<PathBuf>,
     /// Look at Redis only (a deployment without the Postgres mirror).
-    #[arg(long, conflicts_with = "database_url")]
+    #[arg(long, conflicts_with_all = ["database_url", "database_url_file"])]
     redis_only: bool,
+}
+
+impl OptionalPostgres {
+    fn url(&self) -> Result<Option<String>, Failure> {
+        if self.redis_only {
+            return Ok(None);
+        }
+        secret(
+            self.url.clone(),
+            self.database_url_file.as_deref(),
+            "DATABASE_URL",
+        )
+        .map(Some)
+    }
+}
+
+/// A URL given directly or in a file (`secure::value_or_file`).
+fn secret(
+    value: Option<String>,
+    file: Option<&std::path::Path>,
+    name: &str,
+) -> Result<String, Failure> {
+    match idem_writer::secure::value_or_file(value, file, name) {
+        Ok(Some(value)) => Ok(value),
+        Ok(None) => Err(Failure::Usage(format!("{name} is not given"))),
+        Err(error) => Err(Failure::Usage(error.to_string())),
+    }
 }
 
 fn main() -> ExitCode {
@@ -262,23 +363,26 @@ async fn run(cli: Cli) -> Result<output::Outcome, Failure> {
             key,
             redis,
             postgres,
-        } => inspect::run(&key.redis_key(), &redis.url, postgres.url.as_deref()).await,
+        } => inspect::run(&key.redis_key(), &redis.url()?, postgres.url()?.as_deref()).await,
         Command::Release {
             key,
             token,
             redis,
             postgres,
-        } => release::run(&key.redis_key(), token, &redis.url, postgres.url.as_deref()).await,
+        } => {
+            let (redis, postgres) = (redis.url()?, postgres.url()?);
+            release::run(&key.redis_key(), token, &redis, postgres.as_deref()).await
+        }
         Command::Pending {
             redis,
             keys,
             pattern,
-        } => pending::run(&redis.urls, keys, &pattern).await,
+        } => pending::run(&redis.urls()?, keys, &pattern).await,
         Command::Cleanup {
             postgres,
             batch_size,
             days_ahead,
-        } => cleanup::run(&postgres.url, batch_size, days_ahead).await,
+        } => cleanup::run(&postgres.url()?, batch_size, days_ahead).await,
         Command::Remirror {
             since,
             redis,
@@ -287,7 +391,7 @@ async fn run(cli: Cli) -> Result<output::Outcome, Failure> {
             dry_run,
         } => {
             let since = output::parse_time(&since).map_err(Failure::Usage)?;
-            remirror::run(since, &redis.urls, &postgres.url, &pattern, dry_run).await
+            remirror::run(since, &redis.urls()?, &postgres.url()?, &pattern, dry_run).await
         }
         Command::Functions {
             command: FunctionsCommand::Load { redis, file },

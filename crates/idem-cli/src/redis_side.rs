@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context as _};
 use idem_core::wire::GetReply;
 use idem_core::{MirrorState, Record, State};
+use idem_writer::secure::{redact_url, RedisTls};
 use redis::aio::MultiplexedConnection;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -15,9 +16,12 @@ use crate::output::{age, now_ms, time};
 /// How long connecting and each reply may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A connection to the node at `url`.
+/// A connection to the node at `url`: `rediss://` verified against the
+/// platform's roots or `REDIS_CA_CERT`, with `REDIS_CLIENT_CERT` and
+/// `REDIS_CLIENT_KEY` when set (docs/security.md). Errors name the node
+/// with its password masked.
 pub async fn connect(url: &str) -> anyhow::Result<MultiplexedConnection> {
-    let client = redis::Client::open(url).with_context(|| format!("Redis URL {url:?}"))?;
+    let client = RedisTls::from_env().client(url)?;
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(TIMEOUT))
         .set_response_timeout(Some(TIMEOUT));
@@ -27,15 +31,9 @@ pub async fn connect(url: &str) -> anyhow::Result<MultiplexedConnection> {
         .with_context(|| format!("connect to Redis at {}", redact(url)))
 }
 
-/// `url` without its password, for messages.
+/// `url` without its password, for messages and output.
 pub fn redact(url: &str) -> String {
-    match redis::parse_redis_url(url) {
-        Some(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        _ => url.to_string(),
-    }
+    redact_url(url)
 }
 
 /// The key's record, or `None`.

@@ -13,6 +13,7 @@ pub mod nemesis;
 pub mod netns;
 pub mod partition;
 pub mod postgres_server;
+pub mod tls;
 pub mod wire;
 
 use std::collections::BTreeSet;

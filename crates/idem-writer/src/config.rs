@@ -7,6 +7,7 @@ use idem_core::args::MAX_PULL;
 
 use crate::error::{ensure_config, Result};
 use crate::postgres::partitions::{Layout, DEFAULT_DAYS_AHEAD};
+use crate::secure::RedisTls;
 use crate::topology::Topology;
 
 /// Everything `run` needs. Build with [`WriterConfig::new`] and adjust the
@@ -17,11 +18,16 @@ pub struct WriterConfig {
     /// selects the database the pull serves), a cluster, or a Sentinel-managed
     /// primary.
     pub topology: Topology,
+    /// The CA and client certificate for `rediss://` primaries, cluster
+    /// nodes and Sentinels (default: the platform's trusted roots, no
+    /// client certificate).
+    pub redis_tls: RedisTls,
     /// How often the primaries of a cluster or Sentinel are discovered again
     /// (also soon after any node failure).
     pub topology_interval: Duration,
     /// The Postgres database holding `idempotency_keys` (a `postgres://`
-    /// URL or a `key=value` connection string).
+    /// URL or a `key=value` connection string, with libpq's `sslmode`,
+    /// `sslrootcert`, `sslcert` and `sslkey`: [`crate::secure::PgTarget`]).
     pub database_url: String,
     /// Records per `IDEM.MIRROR.PULL` (1..=`MAX_PULL`), hence per upsert.
     pub batch_size: u32,
@@ -98,6 +104,7 @@ impl WriterConfig {
     pub fn new(redis_urls: Vec<String>, database_url: impl Into<String>) -> Self {
         WriterConfig {
             topology: Topology::Static(redis_urls),
+            redis_tls: RedisTls::default(),
             topology_interval: Duration::from_secs(5),
             database_url: database_url.into(),
             batch_size: 1000,

@@ -13,6 +13,10 @@
 //! - [`cleanup_once`] (or [`cleanup::clean`] on a client of one's own): one
 //!   cleanup pass, answering what it did ([`Cleaned`]);
 //! - [`partitions`]: the partitioned layout's daily partitions;
+//! - [`secure`]: connecting over TLS ([`secure::PgTarget`] for Postgres
+//!   with libpq's `sslmode`, [`secure::RedisTls`] for `rediss://`) and
+//!   URLs fit to print ([`secure::redact_url`]), shared by the CLI and the
+//!   example API;
 //! - [`store`]: the statements the writer writes rows with, for programs
 //!   that must agree with them (the client's fence is tested against them)
 //!   or seed the table the way the writer does, with [`MirrorRecord`]s.
@@ -46,6 +50,7 @@ mod error;
 mod mirror;
 mod ops;
 mod postgres;
+pub mod secure;
 mod topology;
 mod writer;
 

@@ -3,12 +3,14 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use idem_core::args::MAX_PULL;
 use idem_writer::partitions::DEFAULT_DAYS_AHEAD;
+use idem_writer::secure::{self, RedisTls};
 use idem_writer::{parse_duration, Backend, Layout, Topology, WriterConfig};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
@@ -60,21 +62,64 @@ enum PartitionsCommand {
 
 #[derive(Args)]
 struct DatabaseArgs {
-    /// Postgres URL, e.g. postgres://user@host:5432/db.
-    #[arg(long, env = "DATABASE_URL")]
-    database_url: String,
+    /// Postgres URL, e.g. postgres://user@host:5432/db?sslmode=verify-full&sslrootcert=/etc/idem/pg-ca.pem (prefer DATABASE_URL or --database-url-file to keep a password off the command line).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        required_unless_present = "database_url_file"
+    )]
+    database_url: Option<String>,
+    /// A file holding the Postgres URL (a mounted secret).
+    #[arg(long, env = "DATABASE_URL_FILE", conflicts_with = "database_url")]
+    database_url_file: Option<PathBuf>,
+}
+
+impl DatabaseArgs {
+    fn url(&self) -> anyhow::Result<String> {
+        Ok(secure::value_or_file(
+            self.database_url.clone(),
+            self.database_url_file.as_deref(),
+            "DATABASE_URL",
+        )?
+        .unwrap_or_default())
+    }
+}
+
+/// The CA and client certificate for `rediss://` URLs (default: the
+/// platform's trusted roots, `SSL_CERT_FILE` honoured).
+#[derive(Args)]
+struct RedisTlsArgs {
+    /// PEM file of the CA to verify rediss:// servers against (instead of the platform's roots).
+    #[arg(long, env = "REDIS_CA_CERT")]
+    redis_ca_cert: Option<PathBuf>,
+    /// PEM file of the client certificate for rediss:// servers that ask for one.
+    #[arg(long, env = "REDIS_CLIENT_CERT", requires = "redis_client_key")]
+    redis_client_cert: Option<PathBuf>,
+    /// PEM file of the client certificate's key.
+    #[arg(long, env = "REDIS_CLIENT_KEY", requires = "redis_client_cert")]
+    redis_client_key: Option<PathBuf>,
 }
 
 #[derive(Args)]
-#[command(group(ArgGroup::new("primaries").required(true).args(["redis_urls", "cluster_seeds", "sentinels"])))]
+#[command(group(ArgGroup::new("primaries").required(true).args(["redis_urls", "redis_url_file", "cluster_seeds", "sentinels"])))]
 struct RunArgs {
     /// A Redis primary to mirror, for good (repeat for each primary; REDIS_URL may hold a comma-separated list).
-    #[arg(long = "redis", env = "REDIS_URL", value_delimiter = ',')]
+    #[arg(
+        long = "redis",
+        env = "REDIS_URL",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
     redis_urls: Vec<String>,
+    /// A file holding the Redis URLs (comma-separated; a mounted secret).
+    #[arg(long, env = "REDIS_URL_FILE", conflicts_with_all = ["redis_urls", "cluster_seeds", "sentinels"])]
+    redis_url_file: Option<PathBuf>,
     /// Seed nodes of a Redis Cluster: its primaries are discovered and followed through failovers and reshards.
     #[arg(
         long = "redis-cluster",
         env = "REDIS_CLUSTER_URL",
+        hide_env_values = true,
         value_delimiter = ',',
         conflicts_with = "redis_urls"
     )]
@@ -83,6 +128,7 @@ struct RunArgs {
     #[arg(
         long = "sentinel",
         env = "REDIS_SENTINEL_URL",
+        hide_env_values = true,
         value_delimiter = ',',
         conflicts_with_all = ["redis_urls", "cluster_seeds"],
         requires = "service_name"
@@ -95,9 +141,20 @@ struct RunArgs {
         conflicts_with_all = ["redis_urls", "cluster_seeds"]
     )]
     service_name: Option<String>,
-    /// Scheme, credentials and /db for the Sentinel-named primary; its host:port is replaced.
-    #[arg(long, default_value = "redis://primary/0", requires = "sentinels")]
+    /// Scheme, credentials and /db for the Sentinel-named primary; its host:port is replaced (rediss:// for TLS).
+    #[arg(
+        long,
+        env = "REDIS_SERVICE_URL",
+        hide_env_values = true,
+        default_value = "redis://primary/0",
+        requires = "sentinels"
+    )]
     service_url: String,
+    /// A file holding --service-url (a mounted secret: it carries the primary's password).
+    #[arg(long, env = "REDIS_SERVICE_URL_FILE", requires = "sentinels")]
+    service_url_file: Option<PathBuf>,
+    #[command(flatten)]
+    redis_tls: RedisTlsArgs,
     /// How often a cluster's or Sentinel's primaries are discovered again (also soon after a node fails).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     topology_interval: Duration,
@@ -176,9 +233,9 @@ async fn main() -> anyhow::Result<()> {
     // graceful path instead of killing the process.
     let shutdown = shutdown_signal()?;
     match cli.command {
-        Command::Run(args) => Ok(idem_writer::run(writer_config(*args), shutdown).await?),
+        Command::Run(args) => Ok(idem_writer::run(writer_config(*args)?, shutdown).await?),
         Command::Migrate { database, layout } => {
-            let mut client = idem_writer::connect(&database.database_url).await?;
+            let mut client = idem_writer::connect(&database.url()?).await?;
             match layout {
                 Some(layout) => idem_writer::migrate_with_layout(&mut client, layout).await?,
                 None => idem_writer::migrate(&mut client).await?,
@@ -187,12 +244,9 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Cleanup(args) if args.once => {
-            let cleaned = idem_writer::cleanup_once(
-                &args.database.database_url,
-                args.batch_size,
-                args.days_ahead,
-            )
-            .await?;
+            let cleaned =
+                idem_writer::cleanup_once(&args.database.url()?, args.batch_size, args.days_ahead)
+                    .await?;
             println!("{cleaned}");
             Ok(())
         }
@@ -203,7 +257,7 @@ async fn main() -> anyhow::Result<()> {
                     days_ahead,
                 },
         } => {
-            let client = idem_writer::connect(&database.database_url).await?;
+            let client = idem_writer::connect(&database.url()?).await?;
             idem_writer::partitions::require_partitioned(&client).await?;
             let created = idem_writer::partitions::ensure_ahead(&client, days_ahead).await?;
             println!("created {} partitions", created.len());
@@ -213,15 +267,31 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-fn writer_config(args: RunArgs) -> WriterConfig {
-    let mut config = WriterConfig::new(args.redis_urls, args.database.database_url);
+fn writer_config(args: RunArgs) -> anyhow::Result<WriterConfig> {
+    let redis_urls = match &args.redis_url_file {
+        Some(file) => secure::read_secret_file(file)?
+            .split(',')
+            .map(|url| url.trim().to_string())
+            .collect(),
+        None => args.redis_urls,
+    };
+    let service_url = match &args.service_url_file {
+        Some(file) => secure::read_secret_file(file)?,
+        None => args.service_url,
+    };
+    let mut config = WriterConfig::new(redis_urls, args.database.url()?);
+    config.redis_tls = RedisTls {
+        ca_cert: args.redis_tls.redis_ca_cert,
+        client_cert: args.redis_tls.redis_client_cert,
+        client_key: args.redis_tls.redis_client_key,
+    };
     if !args.cluster_seeds.is_empty() {
         config.topology = Topology::Cluster(args.cluster_seeds);
     } else if !args.sentinels.is_empty() {
         config.topology = Topology::Sentinel {
             sentinels: args.sentinels,
             service_name: args.service_name.unwrap_or_default(),
-            service_url: args.service_url,
+            service_url,
         };
     }
     config.topology_interval = args.topology_interval;
@@ -237,7 +307,7 @@ fn writer_config(args: RunArgs) -> WriterConfig {
     config.shutdown_grace = args.shutdown_grace;
     config.backend = args.backend;
     config.sweep_interval = args.sweep_interval;
-    config
+    Ok(config)
 }
 
 /// Resolves on the first SIGTERM or SIGINT.
@@ -258,12 +328,9 @@ async fn cleanup_forever(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
+    let database_url = args.database.url()?;
     loop {
-        let pass = idem_writer::cleanup_once(
-            &args.database.database_url,
-            args.batch_size,
-            args.days_ahead,
-        );
+        let pass = idem_writer::cleanup_once(&database_url, args.batch_size, args.days_ahead);
         match pass.await {
             Ok(cleaned) => tracing::info!("cleanup: {cleaned}"),
             Err(error) => tracing::warn!(

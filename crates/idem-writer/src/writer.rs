@@ -15,14 +15,14 @@ use tracing::{error, info, warn};
 use crate::backoff::sleep_unless;
 use crate::backoff::Backoff;
 use crate::config::WriterConfig;
-use crate::error::{Context, Error, Result};
+use crate::error::{Cause, Context, Error, Result};
 use crate::mirror::node::Shutdown;
 use crate::mirror::Mirrors;
 use crate::ops::metrics::{ErrorKind, Metrics};
 use crate::postgres::cleanup::{clean, Cleaned};
 use crate::postgres::migrate::migrate_to;
-use crate::postgres::parse_database_url;
 use crate::postgres::partitions::Layout;
+use crate::secure::{redact_url, PgTarget};
 use crate::topology::Discovery;
 
 /// Longest wait before retrying a failed cleanup run.
@@ -37,7 +37,7 @@ const REDISCOVERY_GAP: Duration = Duration::from_millis(200);
 /// `Ok`. Applies the migrations first, waiting for Postgres.
 pub async fn run(config: WriterConfig, shutdown: impl Future<Output = ()> + Send) -> Result<()> {
     config.validate()?;
-    let mut discovery = Discovery::new(&config.topology)?;
+    let mut discovery = Discovery::new(&config.topology, &config.redis_tls)?;
     let config = Arc::new(config);
     let metrics = Arc::new(Metrics::new());
     let pool = crate::postgres::pool(&config.database_url, config.topology.postgres_connections())?;
@@ -206,20 +206,19 @@ async fn migrate_when_reachable(config: &WriterConfig, metrics: &Metrics) -> Res
     }
 }
 
-/// Connects a single client (its connection driven on a task).
+/// Connects a single client (its connection driven on a task) to
+/// `database_url`, a `postgres://` URL or key=value string with libpq's TLS
+/// settings ([`PgTarget`]). A TLS failure of the configuration's making (a
+/// server refusing TLS under `sslmode=require`, a certificate that does not
+/// verify) is an [`Error::Config`], as is a bad `sslmode` or certificate
+/// file; the error names the server with its password masked.
 pub async fn connect(database_url: &str) -> Result<tokio_postgres::Client> {
-    let mut config = parse_database_url(database_url)?;
-    config.connect_timeout(CONNECT_TIMEOUT);
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
+    let mut target = PgTarget::parse(database_url)?;
+    target.config_mut().connect_timeout(CONNECT_TIMEOUT);
+    target
+        .connect()
         .await
-        .context("connect to Postgres")?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(%error, "Postgres connection ended");
-        }
-    });
-    Ok(client)
+        .map_err(|error| error.within(format!("Postgres at {}", redact_url(database_url))))
 }
 
 /// Connection-level failures (no server, connection lost, server starting

@@ -1,6 +1,9 @@
-//! Settings from the environment: `REDIS_URL`, `DATABASE_URL`, `PORT`,
-//! `READ_THROUGH`, `WAIT_MS`, `LEASE_MS`, `PG_POOL_SIZE`,
-//! `PROCESSOR_DELAY_MS`, `FENCE`, `REPLICA_ACK`, `BACKEND`, `API_TOKENS`.
+//! Settings from the environment: `REDIS_URL` (or `REDIS_URL_FILE`),
+//! `DATABASE_URL` (or `DATABASE_URL_FILE`), `PORT`, `READ_THROUGH`,
+//! `WAIT_MS`, `LEASE_MS`, `PG_POOL_SIZE`, `PROCESSOR_DELAY_MS`, `FENCE`,
+//! `REPLICA_ACK`, `BACKEND`, `API_TOKENS`; for TLS, `REDIS_CA_CERT`, `REDIS_CLIENT_CERT`,
+//! `REDIS_CLIENT_KEY` and the database URL's `sslmode` and certificates
+//! (docs/security.md).
 
 use std::time::Duration;
 
@@ -45,9 +48,10 @@ impl Settings {
     }
 
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
-        let redis_url = get("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6390/".into());
-        let Some(database_url) = get("DATABASE_URL") else {
-            bail!("DATABASE_URL is not set");
+        let redis_url =
+            secret(&get, "REDIS_URL")?.unwrap_or_else(|| "redis://127.0.0.1:6390/".into());
+        let Some(database_url) = secret(&get, "DATABASE_URL")? else {
+            bail!("DATABASE_URL (or DATABASE_URL_FILE) is not set");
         };
         let port = match get("PORT") {
             Some(p) => p
@@ -93,6 +97,16 @@ impl Settings {
             fence,
         })
     }
+}
+
+/// A secret given as `name` or in the file `name_FILE` (not both).
+fn secret(get: &impl Fn(&str) -> Option<String>, name: &str) -> anyhow::Result<Option<String>> {
+    let file = get(&format!("{name}_FILE")).map(std::path::PathBuf::from);
+    Ok(idem_writer::secure::value_or_file(
+        get(name),
+        file.as_deref(),
+        name,
+    )?)
 }
 
 /// An on/off setting, on when unset.
@@ -206,5 +220,21 @@ mod tests {
         assert!(settings(&[("DATABASE_URL", "x"), ("PORT", "http")]).is_err());
         assert!(settings(&[("DATABASE_URL", "x"), ("READ_THROUGH", "maybe")]).is_err());
         assert!(settings(&[("DATABASE_URL", "x"), ("FENCE", "maybe")]).is_err());
+    }
+
+    #[test]
+    fn urls_can_come_from_files() {
+        let dir = std::env::temp_dir().join(format!("idem-example-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("database_url");
+        std::fs::write(&file, "postgres://u:pw@db/idem\n").unwrap();
+        let path = file.to_str().unwrap();
+        let s = settings(&[("DATABASE_URL_FILE", path)]).unwrap();
+        assert_eq!(s.database_url, "postgres://u:pw@db/idem");
+        let both = settings(&[("DATABASE_URL_FILE", path), ("DATABASE_URL", "x")]);
+        assert!(both.is_err());
+        let missing = settings(&[("DATABASE_URL", "x"), ("REDIS_URL_FILE", "/nonexistent")]);
+        assert!(missing.is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

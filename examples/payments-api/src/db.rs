@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idem_writer::secure::PgTarget;
 use serde::Serialize;
-use tokio_postgres::NoTls;
 
 /// Transaction-scoped advisory lock serialising concurrent migrations.
 const MIGRATION_LOCK_ID: i64 = 0x7061_796d_656e_7473;
@@ -40,18 +40,20 @@ const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on opening a connection and on waiting for a free one.
 const POOL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A pool of up to `max_size` connections to `database_url`.
+/// A pool of up to `max_size` connections to `database_url`, with libpq's
+/// TLS settings (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`) read by the
+/// writer's [`PgTarget`], as every Rust part of idem reads them.
 pub fn pool(database_url: &str, max_size: usize) -> anyhow::Result<Pool> {
-    let mut config: tokio_postgres::Config =
-        database_url.parse().context("invalid DATABASE_URL")?;
+    let mut target = PgTarget::parse(database_url).context("DATABASE_URL")?;
+    let config = target.config_mut();
     config.connect_timeout(POOL_TIMEOUT);
     // A statement whose bytes the server stops acknowledging (its host or
     // the link gone) fails after this instead of waiting for TCP's
     // retransmissions (about 15 minutes), freeing the pooled connection.
     config.tcp_user_timeout(TCP_USER_TIMEOUT);
     let manager = Manager::from_config(
-        config,
-        NoTls,
+        target.config().clone(),
+        target.tls(),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

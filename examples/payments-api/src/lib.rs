@@ -190,7 +190,11 @@ pub async fn idempotency_layer_with(
     transport: Transport,
     backend: Backend,
 ) -> anyhow::Result<IdempotencyLayer<StandaloneConnection>> {
-    let redis = redis::Client::open(redis_url).context("invalid REDIS_URL")?;
+    // `rediss://` verified against the platform's roots or REDIS_CA_CERT,
+    // with REDIS_CLIENT_CERT/REDIS_CLIENT_KEY when set (docs/security.md).
+    let redis = idem_writer::secure::RedisTls::from_env()
+        .client(redis_url)
+        .context("REDIS_URL")?;
     let client = IdemClient::standalone_using(redis, transport, backend)
         .await
         .context("connect to Redis")?;

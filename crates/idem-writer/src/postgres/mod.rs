@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
 
 use crate::error::{Cause, Context, Error, Result};
 use crate::mirror::record::MirrorRecord;
@@ -23,27 +22,24 @@ use crate::postgres::partitions::{day_of_ms, ensure_days, Layout};
 use crate::postgres::store::{
     latest_per_key, upsert_with, Statements, LOCK_KEYS_SQL, PARTITIONED_UPSERT_SQL, UPSERT_SQL,
 };
+use crate::secure::PgTarget;
 
 /// How long opening one Postgres connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A `postgres://` URL (or key=value string) as connection settings.
-pub fn parse_database_url(database_url: &str) -> Result<tokio_postgres::Config> {
-    database_url
-        .parse()
-        .map_err(|e| Error::Config(format!("invalid database URL: {e}")))
-}
-
-/// A pool for `database_url` holding up to `size` connections.
+/// A pool for `database_url` (a `postgres://` URL or key=value string,
+/// TLS settings as libpq reads them: [`PgTarget`]) holding up to `size`
+/// connections.
 pub fn pool(database_url: &str, size: usize) -> Result<Pool> {
-    let mut config = parse_database_url(database_url)?;
+    let mut target = PgTarget::parse(database_url)?;
+    let config = target.config_mut();
     config.connect_timeout(CONNECT_TIMEOUT);
     if config.get_application_name().is_none() {
         config.application_name("idem-writer");
     }
     let manager = Manager::from_config(
-        config,
-        NoTls,
+        target.config().clone(),
+        target.tls(),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

@@ -5,6 +5,7 @@ use futures_util::future::join_all;
 use redis::{ConnectionInfo, Value};
 
 use crate::error::{ensure_config, Context, Error, Result};
+use crate::secure::RedisTls;
 use crate::topology::target::{host_of, parse_url, query_once, with_address, Target};
 
 /// One line of `CLUSTER NODES`, as far as discovery needs it.
@@ -30,14 +31,14 @@ pub struct ClusterDiscovery {
 }
 
 impl ClusterDiscovery {
-    pub fn new(seed_urls: &[String]) -> Result<Self> {
+    pub fn new(seed_urls: &[String], tls: &RedisTls) -> Result<Self> {
         ensure_config(
             !seed_urls.is_empty(),
             "at least one Redis Cluster seed URL is needed",
         )?;
         let seeds = seed_urls
             .iter()
-            .map(|url| parse_url(url))
+            .map(|url| parse_url(url, tls))
             .collect::<Result<Vec<_>>>()?;
         for seed in &seeds {
             ensure_config(
@@ -285,8 +286,12 @@ aa11 127.0.0.1:30007@31007 handshake - 0 0 0 connected
 
     #[test]
     fn cluster_seeds_must_use_database_0() {
-        assert!(ClusterDiscovery::new(&["redis://seed:7000/0".into()]).is_ok());
-        assert!(ClusterDiscovery::new(&["redis://seed:7000/3".into()]).is_err());
-        assert!(ClusterDiscovery::new(&[]).is_err());
+        assert!(
+            ClusterDiscovery::new(&["redis://seed:7000/0".into()], &RedisTls::default()).is_ok()
+        );
+        assert!(
+            ClusterDiscovery::new(&["redis://seed:7000/3".into()], &RedisTls::default()).is_err()
+        );
+        assert!(ClusterDiscovery::new(&[], &RedisTls::default()).is_err());
     }
 }

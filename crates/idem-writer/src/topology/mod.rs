@@ -7,6 +7,7 @@ pub(crate) mod sentinel;
 pub(crate) mod target;
 
 use crate::error::{ensure_config, Result};
+use crate::secure::RedisTls;
 use crate::topology::cluster::ClusterDiscovery;
 use crate::topology::sentinel::SentinelDiscovery;
 use crate::topology::target::{parse_url, Target};
@@ -53,17 +54,17 @@ pub enum Discovery {
 
 impl Discovery {
     /// Checks every URL now, so a bad one fails the start.
-    pub fn new(topology: &Topology) -> Result<Self> {
+    pub fn new(topology: &Topology, tls: &RedisTls) -> Result<Self> {
         Ok(match topology {
             Topology::Static(urls) => {
                 ensure_config(!urls.is_empty(), "at least one Redis URL is needed")?;
                 let targets = urls
                     .iter()
-                    .map(|url| parse_url(url).map(Target::new))
+                    .map(|url| parse_url(url, tls).map(Target::new))
                     .collect::<Result<Vec<_>>>()?;
                 Discovery::Static(targets)
             }
-            Topology::Cluster(seeds) => Discovery::Cluster(ClusterDiscovery::new(seeds)?),
+            Topology::Cluster(seeds) => Discovery::Cluster(ClusterDiscovery::new(seeds, tls)?),
             Topology::Sentinel {
                 sentinels,
                 service_name,
@@ -72,6 +73,7 @@ impl Discovery {
                 sentinels,
                 service_name,
                 service_url,
+                tls,
             )?),
         })
     }
@@ -109,7 +111,10 @@ mod tests {
                 service_url: "redis://primary/0".into(),
             },
         ] {
-            assert!(Discovery::new(&topology).is_err(), "{topology:?}");
+            assert!(
+                Discovery::new(&topology, &RedisTls::default()).is_err(),
+                "{topology:?}"
+            );
         }
     }
 }

@@ -12,6 +12,7 @@ use tracing::{debug, info};
 
 use crate::backoff::{sleep_unless, Backoff};
 use crate::error::{ensure_config, Context, Error, Result};
+use crate::secure::RedisTls;
 use crate::topology::target::{parse_url, query_once, role, with_address, Target, QUERY_TIMEOUT};
 
 pub struct SentinelDiscovery {
@@ -22,7 +23,12 @@ pub struct SentinelDiscovery {
 }
 
 impl SentinelDiscovery {
-    pub fn new(sentinel_urls: &[String], service_name: &str, service_url: &str) -> Result<Self> {
+    pub fn new(
+        sentinel_urls: &[String],
+        service_name: &str,
+        service_url: &str,
+        tls: &RedisTls,
+    ) -> Result<Self> {
         ensure_config(
             !sentinel_urls.is_empty(),
             "at least one Sentinel URL is needed",
@@ -33,9 +39,9 @@ impl SentinelDiscovery {
         )?;
         let sentinels = sentinel_urls
             .iter()
-            .map(|url| parse_url(url))
+            .map(|url| parse_url(url, tls))
             .collect::<Result<Vec<_>>>()?;
-        let template = parse_url(service_url)?;
+        let template = parse_url(service_url, tls)?;
         with_address(&template, "check", 1)?;
         Ok(SentinelDiscovery {
             sentinels,
@@ -163,12 +169,27 @@ mod tests {
 
     #[test]
     fn checks_its_settings() {
-        let ok = SentinelDiscovery::new(&["redis://s1:26379".into()], "idem", "redis://_/2");
-        assert_eq!(ok.unwrap().template.redis_settings().db(), 2);
-        assert!(SentinelDiscovery::new(&[], "idem", "redis://_/0").is_err());
-        assert!(
-            SentinelDiscovery::new(&["redis://s1".into()], "two words", "redis://_/0").is_err()
+        let ok = SentinelDiscovery::new(
+            &["redis://s1:26379".into()],
+            "idem",
+            "redis://_/2",
+            &RedisTls::default(),
         );
-        assert!(SentinelDiscovery::new(&["redis://s1".into()], "idem", "unix:///x").is_err());
+        assert_eq!(ok.unwrap().template.redis_settings().db(), 2);
+        assert!(SentinelDiscovery::new(&[], "idem", "redis://_/0", &RedisTls::default()).is_err());
+        assert!(SentinelDiscovery::new(
+            &["redis://s1".into()],
+            "two words",
+            "redis://_/0",
+            &RedisTls::default()
+        )
+        .is_err());
+        assert!(SentinelDiscovery::new(
+            &["redis://s1".into()],
+            "idem",
+            "unix:///x",
+            &RedisTls::default()
+        )
+        .is_err());
     }
 }

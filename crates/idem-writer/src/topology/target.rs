@@ -3,12 +3,10 @@
 
 use std::time::Duration;
 
-use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult,
-    Value,
-};
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, RedisResult, Value};
 
 use crate::error::{Context, Error, Result};
+use crate::secure::RedisTls;
 
 /// How long one discovery query (connect, then reply) may take per server.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -30,10 +28,11 @@ impl Target {
     }
 }
 
-/// A Redis URL's connection settings.
-pub fn parse_url(url: &str) -> Result<ConnectionInfo> {
-    url.into_connection_info()
-        .map_err(|e| Error::Config(format!("invalid Redis URL: {e}")))
+/// A Redis URL's connection settings, with `tls`'s certificates for a
+/// `rediss://` URL (they travel with the settings to every node
+/// [`with_address`] derives from them).
+pub fn parse_url(url: &str, tls: &RedisTls) -> Result<ConnectionInfo> {
+    tls.connection_info(url)
 }
 
 /// `template` (scheme, TLS settings, credentials, database) at `host:port`.
@@ -101,19 +100,21 @@ mod tests {
 
     #[test]
     fn labels_hide_credentials() {
-        let target = Target::new(parse_url("redis://:secret@10.0.0.5:7001/2").unwrap());
+        let target = Target::new(
+            parse_url("redis://:secret@10.0.0.5:7001/2", &RedisTls::default()).unwrap(),
+        );
         assert_eq!(target.label, "10.0.0.5:7001/2");
     }
 
     #[test]
     fn another_address_keeps_credentials_and_database() {
-        let template = parse_url("redis://app:pw@seed:7000/0").unwrap();
+        let template = parse_url("redis://app:pw@seed:7000/0", &RedisTls::default()).unwrap();
         let info = with_address(&template, "10.0.0.9", 7005).unwrap();
         assert_eq!(info.addr(), &ConnectionAddr::Tcp("10.0.0.9".into(), 7005));
         assert_eq!(info.redis_settings().username(), Some("app"));
         assert_eq!(info.redis_settings().password(), Some("pw"));
         assert_eq!(Target::new(info).label, "10.0.0.9:7005/0");
-        let unix = parse_url("unix:///run/redis.sock").unwrap();
+        let unix = parse_url("unix:///run/redis.sock", &RedisTls::default()).unwrap();
         assert!(with_address(&unix, "h", 1).is_err());
     }
 }
