@@ -11,8 +11,8 @@
 # else the local Postgres on 127.0.0.1:5432, else a throwaway cluster.
 # CONFORMANCE_APPS=rust,python narrows the apps; CONFORMANCE_BACKENDS=module,functions
 # (the default) the backends: on functions (Redis without the module, managed
-# style) the chaos scenarios, four_outcomes and read_through run unless
-# CONFORMANCE_FUNCTIONS_SCENARIOS=all; CONFORMANCE_SKIP_BUILD=1 uses the
+# style) every scenario too, unless CONFORMANCE_FUNCTIONS_SCENARIOS narrows it
+# (a comma list, or chaos); CONFORMANCE_SKIP_BUILD=1 uses the
 # binaries already built; arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
