@@ -9,8 +9,11 @@
 # own redis-server with the module (free port), Postgres database and writer.
 # Uses $IDEM_MODULE when set, else builds the module; $DATABASE_URL when set,
 # else the local Postgres on 127.0.0.1:5432, else a throwaway cluster.
-# CONFORMANCE_APPS=rust,python narrows the apps; CONFORMANCE_SKIP_BUILD=1 uses
-# the binaries already built; arguments go to pytest.
+# CONFORMANCE_APPS=rust,python narrows the apps; CONFORMANCE_BACKENDS=module,functions
+# (the default) the backends: on functions (Redis without the module, managed
+# style) every scenario too, unless CONFORMANCE_FUNCTIONS_SCENARIOS narrows it
+# (a comma list, or chaos); CONFORMANCE_SKIP_BUILD=1 uses the
+# binaries already built; arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/common.sh

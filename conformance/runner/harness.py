@@ -31,6 +31,11 @@ REPO = Path(__file__).resolve().parents[2]
 CONFORMANCE = REPO / "conformance"
 ADMIN_URL = testing.admin_url()
 APP_START_TIMEOUT = float(os.environ.get("CONFORMANCE_APP_START_S", "120"))
+BACKENDS = ("module", "functions")
+"""What Redis runs idem as: the module, or the Functions library
+(functions/idem.lua) on a Redis started as a managed service runs it (no
+module, MODULE renamed away), the apps started with ``BACKEND=functions``
+and the writer with ``--backend functions``."""
 
 
 def writer_binary() -> Path:
@@ -119,6 +124,7 @@ class Stack:
     app: App
     app_env: Mapping[str, str]
     instances: int = 1
+    backend: str = "module"
     dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-conf-")))
     redis_server: RedisServer | None = None
     db_name: str = ""
@@ -143,7 +149,9 @@ class Stack:
 
     def __enter__(self) -> Stack:
         try:
-            self.redis_server = RedisServer(free_port(), self.dir)
+            if self.backend not in BACKENDS:
+                raise HarnessError(f"backend {self.backend!r}: one of {BACKENDS}")
+            self.redis_server = RedisServer(free_port(), self.dir, module=self.backend == "module")
             self.start_redis()
             self.create_database()
             self.start_writer()
@@ -193,6 +201,17 @@ class Stack:
         assert self.redis_server is not None
         return self.redis_server.raw()
 
+    def mirror_pending(self) -> int:
+        """Completed records waiting for the writer: INFO idem's
+        ``idem_mirror_pending`` on the module; on the library, the members of
+        every slot's outbox (spec/outbox_slots.json; a member claimed by the
+        writer stays until it is acknowledged)."""
+        conn = self.redis()
+        if self.backend == "module":
+            return int(conn.info("idem").get("idem_mirror_pending", 1))
+        outboxes = list(conn.scan_iter(match="idem:outbox:{*}", count=1000))
+        return sum(int(conn.zcard(key)) for key in outboxes)
+
     # ------------------------------------------------------------ Postgres
 
     def create_database(self) -> None:
@@ -220,7 +239,10 @@ class Stack:
             str(writer_binary()), "run", "--redis", self.redis_url,
             "--database-url", self.database_url,
             "--block-ms", "100", "--claim-ms", "2000", "--no-cleanup",
+            "--backend", self.backend,
         ]  # fmt: skip
+        if self.backend == "functions":
+            argv += ["--sweep-interval", "100ms"]
         self.writer = Process("writer", argv, env, self.dir / "writer.log")
         self.writer.start()
 
@@ -236,6 +258,7 @@ class Stack:
             DATABASE_URL=self.database_url,
             PORT=str(port),
             PG_POOL_SIZE="24",
+            BACKEND=self.backend,
         )
         env.update(self.app_env)
         n = len(self.apps) if index is None else index

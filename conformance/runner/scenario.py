@@ -397,8 +397,7 @@ class Run:
         """Until nothing completed in Redis is waiting for the writer."""
         deadline = time.monotonic() + within_ms / 1000
         while time.monotonic() < deadline:
-            info = self.stack.redis().info("idem")
-            if int(info.get("idem_mirror_pending", 1)) == 0:
+            if self.stack.mirror_pending() == 0:
                 return
             time.sleep(0.05)
         raise Failed(f"the writer did not mirror within {within_ms} ms")

@@ -1,7 +1,15 @@
 """The conformance suite as pytest tests: every scenario file against every
 example app (``CONFORMANCE_APPS=rust,python`` narrows them; an app whose
-driver is missing is skipped), each variant of a scenario on a stack of its
-own."""
+driver is missing is skipped) on every backend (``CONFORMANCE_BACKENDS``,
+``module,functions`` by default), each variant of a scenario on a stack of
+its own.
+
+Every scenario runs on both (the library adds about 2 1/2 minutes for the
+three apps on a 2-core machine); ``CONFORMANCE_FUNCTIONS_SCENARIOS`` narrows
+the library's to a comma list of names, ``chaos`` to ``CHAOS_SET`` (the four
+chaos scenarios, four_outcomes, read_through). A scenario with
+``"module_only": "why"`` is skipped on the library with its reason; one
+that starts no Redis (``kind: settings``) runs on the first backend only."""
 
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from runner.harness import CONFORMANCE, App, Stack, start_app_with_env
+from runner.harness import BACKENDS, CONFORMANCE, App, Stack, start_app_with_env
 from runner.scenario import Failed, Run, load_scenarios
 
 SCENARIOS = load_scenarios(CONFORMANCE / "scenarios")
@@ -22,13 +30,47 @@ def selected_apps() -> list[str]:
     return [a for a in chosen.split(",") if a] if chosen else App.names()
 
 
+CHAOS_SET = (
+    "chaos_holder_freezes", "chaos_redis_forgets_in_progress",
+    "chaos_redis_forgets_unmirrored", "chaos_redis_restarts",
+    "four_outcomes", "read_through",
+)  # fmt: skip
+
+
+def selected_backends() -> list[str]:
+    chosen = os.environ.get("CONFORMANCE_BACKENDS", ",".join(BACKENDS))
+    backends = [b for b in chosen.split(",") if b]
+    unknown = set(backends) - set(BACKENDS)
+    if unknown:
+        raise ValueError(f"CONFORMANCE_BACKENDS: {sorted(unknown)}, not of {BACKENDS}")
+    return backends
+
+
+def on_backend(scenario: dict[str, Any], backend: str, first: bool) -> bool:
+    """Whether the scenario is a case on ``backend`` (a module-only one is,
+    and skips with its reason)."""
+    if scenario.get("kind") == "settings":
+        return first
+    if backend == "module":
+        return True
+    chosen = os.environ.get("CONFORMANCE_FUNCTIONS_SCENARIOS", "all")
+    if chosen == "all":
+        return True
+    names = chosen.split(",")
+    return scenario["name"] in (CHAOS_SET if names == ["chaos"] else names)
+
+
 def cases() -> list[Any]:
     out = []
+    backends = selected_backends()
     for app in selected_apps():
-        for scenario in SCENARIOS:
-            for variant in scenario.get("variants", [{"name": "default"}]):
-                case_id = f"{app}-{scenario['name']}-{variant['name']}"
-                out.append(pytest.param(app, scenario, variant, id=case_id))
+        for n, backend in enumerate(backends):
+            for scenario in SCENARIOS:
+                if not on_backend(scenario, backend, n == 0):
+                    continue
+                for variant in scenario.get("variants", [{"name": "default"}]):
+                    case_id = f"{app}-{backend}-{scenario['name']}-{variant['name']}"
+                    out.append(pytest.param(app, backend, scenario, variant, id=case_id))
     return out
 
 
@@ -41,21 +83,26 @@ def app_or_skip(name: str) -> App:
     return app
 
 
-@pytest.mark.parametrize(("app_name", "scenario", "variant"), cases())
-def test_scenario(app_name: str, scenario: dict[str, Any], variant: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("app_name", "backend", "scenario", "variant"), cases())
+def test_scenario(
+    app_name: str, backend: str, scenario: dict[str, Any], variant: dict[str, Any]
+) -> None:
     app = app_or_skip(app_name)
     if scenario.get("kind") == "settings":
         check_settings(app, scenario)
         return
+    if backend != "module" and scenario.get("module_only"):
+        pytest.skip(f"module only: {scenario['module_only']}")
     env = {**scenario.get("env", {}), **variant.get("env", {})}
-    with Stack(app, env, instances=int(scenario.get("instances", 1))) as stack:
+    instances = int(scenario.get("instances", 1))
+    with Stack(app, env, instances=instances, backend=backend) as stack:
         run = Run(stack, scenario)
         try:
             tally = asyncio.run(run.execute())
         except Failed as err:
             raise Failed(f"{err}\n{stack.logs()}") from None
         if "tally" in variant:
-            print(f"{app_name} {scenario['name']} {variant['name']}: {tally}")
+            print(f"{app_name} {backend} {scenario['name']} {variant['name']}: {tally}")
             check_tally(tally, variant["tally"], stack)
     if run.differences:
         pytest.xfail("known differences: " + "; ".join(run.differences))
