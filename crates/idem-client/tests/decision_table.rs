@@ -182,7 +182,12 @@ async fn refusals<C: Conn>(client: IdemClient<C>, mut conn: C) {
             .await,
         Err(IdemError::TooLarge(_))
     ));
-    let just_fits = StoredResponse::new(200, vec![b'x'; 1_048_574]).with_header("h", "v");
+    // A header counts its name, its value and HEADER_OVERHEAD bytes.
+    let just_fits = StoredResponse::new(
+        200,
+        vec![b'x'; 1_048_574 - idem_core::args::HEADER_OVERHEAD],
+    )
+    .with_header("h", "v");
     client
         .complete("big", token, &just_fits, Origin::Mirror)
         .await

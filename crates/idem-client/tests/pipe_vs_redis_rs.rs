@@ -369,6 +369,24 @@ fn difference_allowed(stream: &[u8], ours: &Read_, theirs: &Read_) -> bool {
     }
 }
 
+/// Whether a line of `stream` that starts an error reply (`-`) is not
+/// UTF-8 (a bulk string's bytes may be taken for one: that only skips a
+/// comparison).
+fn non_utf8_error_line(stream: &[u8]) -> bool {
+    (0..stream.len()).any(|at| {
+        let starts_line = at == 0 || stream[..at].ends_with(b"\r\n");
+        if !starts_line || stream[at] != b'-' {
+            return false;
+        }
+        let rest = &stream[at + 1..];
+        let end = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .unwrap_or(rest.len());
+        std::str::from_utf8(&rest[..end]).is_err()
+    })
+}
+
 fn config() -> ProptestConfig {
     ProptestConfig {
         cases: 2_000,
@@ -454,6 +472,11 @@ proptest! {
         let cuts = cuts(stream.len(), raw_cuts);
         let whole = theirs_whole(&stream);
         let read = ours(&stream, &cuts);
+        if read != whole && non_utf8_error_line(&stream) {
+            // An error whose text is not UTF-8 is an error reply to the
+            // Pipe (tests/error_bytes.rs) and a broken stream to redis-rs.
+            return Ok(());
+        }
         if read != whole {
             prop_assert!(
                 difference_allowed(&stream, &read, &whole),
@@ -487,7 +510,6 @@ fn malformed_replies_are_refused_by_both() {
         b"$2\r\nab\n\r\n",
         b"$0\r\nx\r\n",
         b"+\xff\xfe\r\n",
-        b"-ERR \xff\r\n",
         b"*1\r\n+\xc3\r\n",
         b"*2\r\n:1\r\n$2\r\nabc\r\n",
         b"*1\r\n*1\r\n:z\r\n",
