@@ -387,5 +387,12 @@ async fn the_backend_is_asked_of_each_node_until_it_has_one() {
     let text = writer.http_get("/metrics").1;
     assert_eq!(metric(&text, &backend(plain.port, "functions")), Some(1.0));
     assert_eq!(metric(&text, &backend(plain.port, "none")), Some(0.0));
-    assert_eq!(writer.http_get("/healthz").0, 200);
+    // Health follows each node's next successful round, which can come a
+    // sweep after the metrics above: wait for it rather than race it.
+    let healthy = wait_until(Duration::from_secs(20), || {
+        let status = writer.http_get("/healthz").0;
+        async move { status == 200 }
+    })
+    .await;
+    assert!(healthy, "{}", writer.log_tail());
 }
