@@ -51,7 +51,7 @@ impl Settings {
         let redis_url =
             secret(&get, "REDIS_URL")?.unwrap_or_else(|| "redis://127.0.0.1:6390/".into());
         let Some(database_url) = secret(&get, "DATABASE_URL")? else {
-            bail!("DATABASE_URL (or DATABASE_URL_FILE) is not set");
+            bail!("DATABASE_URL is not set (nor DATABASE_URL_FILE)");
         };
         let port = match get("PORT") {
             Some(p) => p
