@@ -17,7 +17,7 @@ const fp = (s) => createHash("sha256").update(s).digest();
 const ttlMs = 60_000;
 const FUNCTIONS = loadSpec("functions.json");
 const HTTP = loadSpec("http.json");
-const LIBRARY_COMMANDS = "+del +exists +hdel +hset +hmget +pexpireat +pexpiretime +pttl +time +zadd +zrem +zscore";
+const LIBRARY_COMMANDS = "+del +exists +hdel +hset +hmget +pexpireat +pexpiretime +pttl +time +zadd +zrem +zscore +type";
 let managed;
 
 before(async () => {
