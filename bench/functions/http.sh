@@ -2,7 +2,7 @@
 # The example API (target/release/payments-api) on each backend: BACKEND=module
 # against a Redis with the module, BACKEND=functions against a Redis without
 # it (the library loaded with FUNCTION LOAD REPLACE), alternating over rounds,
-# driven by wrk with bench/functions/keys.lua (a fresh Idempotency-Key per request,
+# driven by wrk with bench/peers/keys.lua (a fresh Idempotency-Key per request,
 # or replays of keys completed beforehand). Prints req/s per round and the
 # medians of per-round ratios functions/module. Uses its own database
 # (created and dropped) on $DATABASE_URL's server (default the local
@@ -60,7 +60,9 @@ start_api functions "$RPORT_F"
 # wrk_rps <backend> <mode> <prefix> [n]
 wrk_rps() {
   local out
-  out=$(wrk -t 2 -c "$CONCURRENCY" -d "${SECONDS_PER}s" -s "$ROOT/bench/functions/keys.lua" \
+  out=$(IDEM_BENCH_BODY='{"amount":100,"currency":"EUR","recipient":"acct_bench"}' \
+    IDEM_BENCH_AUTHORIZATION="Bearer tok_demo" \
+    wrk -t 2 -c "$CONCURRENCY" -d "${SECONDS_PER}s" -s "$ROOT/bench/peers/keys.lua" \
     "http://127.0.0.1:${HPORT[$1]}" -- "$2" "$3" /payments ${4:-} | grep '^PEERS ')
   python3 -c 'import json,sys; d=json.loads(sys.argv[1][6:]); bad=d["non_2xx_3xx"]+d["connect"]+d["read"]+d["write"]+d["timeout"]
 assert bad == 0, d; print("%.0f" % (d["requests"] / d["duration_us"] * 1e6))' "$out"
@@ -69,7 +71,7 @@ assert bad == 0, d; print("%.0f" % (d["requests"] / d["duration_us"] * 1e6))' "$
 REPLAY_N=200
 for b in module functions; do
   for i in $(seq 0 $((REPLAY_N - 1))); do
-    curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' -H "Idempotency-Key: rp-$b-$i" \
+    curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' -H 'Authorization: Bearer tok_demo' -H "Idempotency-Key: rp-$b-$i" \
       -d '{"amount":100,"currency":"EUR","recipient":"acct_bench"}' "http://127.0.0.1:${HPORT[$b]}/payments"
   done
 done

@@ -16,7 +16,11 @@ end
 local mode, prefix, path, n
 local counter = 0
 local headers = { ["Content-Type"] = "application/json" }
-local body = '{"amount":100}'
+-- IDEM_BENCH_BODY and IDEM_BENCH_AUTHORIZATION: another body, and an
+-- Authorization header (bench/functions/http.sh: the example API's token).
+local body = os.getenv("IDEM_BENCH_BODY") or '{"amount":100}'
+local authorization = os.getenv("IDEM_BENCH_AUTHORIZATION")
+if authorization then headers["Authorization"] = authorization end
 
 function init(args)
   mode, prefix, path, n = args[1], args[2], args[3], tonumber(args[4] or "1")
