@@ -37,7 +37,7 @@ npm run --silent build
 echo "==> eslint (clients/node)"
 npx --no-install eslint .
 echo "==> node --test (clients/node)"
-node --test --test-concurrency=1 "${@:-test/}"
+node --test --test-concurrency=1 --test-timeout=300000 "${@:-test/}"
 
 cd ../../examples/payments-node
 echo "==> tsc --strict (examples/payments-node)"
@@ -45,4 +45,4 @@ npx --no-install tsc -p tsconfig.json --noEmit
 echo "==> eslint (examples/payments-node)"
 npx --no-install eslint .
 echo "==> node --test (examples/payments-node)"
-node --test --test-concurrency=1 test/
+node --test --test-concurrency=1 --test-timeout=300000 test/

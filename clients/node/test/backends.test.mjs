@@ -308,17 +308,20 @@ test("users that may not run COMMAND: the documented application user finds the 
   servers.push(["functions", managed, `+fcall +fcall_ro +function|load ${LIBRARY_COMMANDS}`]);
   for (const [backend, server, commands] of servers) {
     const raw = await plain(server.url);
+    let c;
     try {
       await raw.sendCommand(["ACL", "SETUSER", "app", "reset", "on", ">app-secret", "~idem:*", "-@all", ...commands.split(" "), "+ping"]);
       const url = server.url.replace("redis://", "redis://app:app-secret@");
-      const c = await idem.IdemClient.connect(url);
+      c = await idem.IdemClient.connect(url);
       assert.equal(c.backend, backend);
       const k = key();
       const { token } = await c.begin(k, fp("a"), { ttlMs });
       await c.complete(k, token, idem.storedResponse(201, "acl"));
       assert.equal((await c.get(k)).state, "completed");
-      await c.close();
     } finally {
+      // A failed assertion must not leave a connection that keeps the
+      // test process alive.
+      await c?.close();
       await raw.sendCommand(["ACL", "DELUSER", "app"]);
       await raw.close();
     }
